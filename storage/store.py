@@ -1,0 +1,490 @@
+"""The trajectory store: one Delta Lake table of Parquet files per table in `schemas.TABLES`.
+
+Layout under the store root (a local folder by default)::
+
+    <root>/_store.json          {"format": "dataengine-store", "schema_version": 1}
+    <root>/<table>/_delta_log/  the Delta transaction log (versions, time travel)
+    <root>/<table>/*.parquet    data files
+
+Writes: `Store.append(table, rows, run_id=..., shard_id=...)` is one Delta commit that replaces
+exactly the rows of that (run_id, shard_id) (an overwrite with a predicate), so a retried shard
+leaves one copy and a writer killed before its commit leaves nothing visible. Concurrent commits
+that conflict are retried with backoff, then refused with `RetryableStoreError`.
+
+Reads: every table is a Polars LazyFrame (`pl.scan_delta`), at the latest or any past version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import polars as pl
+import pyarrow as pa
+
+from storage.errors import (
+    CorruptFileError,
+    MissingTableError,
+    NewerSchemaError,
+    RetryableStoreError,
+    SchemaMismatchError,
+    StoreError,
+    StoreNotFoundError,
+)
+from storage.schemas import SCHEMA_VERSION, TABLES, TableSpec, table_spec
+
+STORE_FILE = "_store.json"
+STORE_FORMAT = "dataengine-store"
+KEY_COLUMNS = ("run_id", "shard_id")
+
+Rows = list[dict[str, Any]] | pa.Table | pl.DataFrame
+
+
+def _sql_literal(value: str) -> str:
+    """A SQL string literal for a Delta predicate (single quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _is_conflict(exc: Exception) -> bool:
+    """Whether a deltalake error is a lost commit race (safe to retry) rather than bad input."""
+    from deltalake.exceptions import CommitFailedError
+
+    if isinstance(exc, CommitFailedError):
+        return True
+    text = str(exc).lower()
+    return any(w in text for w in ("conflict", "concurrent", "version already exists", "already exists"))
+
+
+def git_version(cwd: str | Path | None = None) -> str | None:
+    """The git sha of the working tree at `cwd` (suffix -dirty when it has changes), or None."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=10,
+        )
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Store:
+    """A store root holding the Delta tables `runs, tasks, nodes, trajectories, pairs, sft,
+    replay, evals, models`.
+
+    Args:
+      root: the store folder (created with its `_store.json` on first append when `create`).
+      create: allow creating the store; with False a missing store is an error at once.
+      max_retries: commit attempts before `RetryableStoreError` when writers conflict.
+      check_files: on scan, check that each data file exists with the size the Delta log
+        records (stat only), so a truncated file is named before Polars reads it.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        create: bool = True,
+        max_retries: int = 12,
+        check_files: bool = True,
+    ) -> None:
+        self.root = Path(root).expanduser()
+        self.max_retries = max_retries
+        self.check_files = check_files
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreNotFoundError(f"store path {self.root} is a file, not a store folder")
+        meta = self.root / STORE_FILE
+        if meta.exists():
+            self._check_store_file(meta)
+        elif not create:
+            raise StoreNotFoundError(
+                f"no store at {self.root} (no {STORE_FILE}); write to it with Store(path).append "
+                "or pass the right --store path"
+            )
+        elif self.root.exists() and any(p.name in TABLES for p in self.root.iterdir()):
+            raise StoreNotFoundError(
+                f"{self.root} holds tables but no {STORE_FILE}; it was not written by this store"
+            )
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # ---- store metadata -------------------------------------------------------------------
+
+    def _check_store_file(self, meta: Path) -> None:
+        try:
+            info = json.loads(meta.read_text())
+            version = int(info["schema_version"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"store metadata {meta} is unreadable: {exc}") from exc
+        if version > SCHEMA_VERSION:
+            raise NewerSchemaError(
+                f"store {self.root} was written with schema version {version}; this code reads "
+                f"up to {SCHEMA_VERSION}: upgrade dataengine to read it"
+            )
+
+    def _ensure_store_file(self) -> None:
+        meta = self.root / STORE_FILE
+        if meta.exists():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{STORE_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"format": STORE_FORMAT, "schema_version": SCHEMA_VERSION}))
+        # Atomic rename: concurrent first writers all write the same content.
+        os.replace(tmp, meta)
+
+    @property
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    # ---- tables ---------------------------------------------------------------------------
+
+    def table_path(self, table: str) -> Path:
+        table_spec(table)
+        return self.root / table
+
+    def has_table(self, table: str) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(str(self.table_path(table)))
+
+    def tables(self) -> list[str]:
+        """Names of the tables that have been written, in schema order."""
+        if not self.root.is_dir():
+            return []
+        return [name for name in TABLES if self.has_table(name)]
+
+    def _delta(self, table: str, version: int | None = None):
+        """The DeltaTable of `table`, checked for existence and schema version."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
+        path = self.table_path(table)
+        if not self.root.is_dir():
+            raise StoreNotFoundError(f"no store at {self.root}")
+        if not DeltaTable.is_deltatable(str(path)):
+            have = ", ".join(self.tables()) or "none"
+            raise MissingTableError(
+                f"table {table!r} does not exist in store {self.root} (tables written: {have})"
+            )
+        try:
+            dt = DeltaTable(str(path), version=version)
+        except DeltaError as exc:
+            raise StoreError(f"table {table!r} in {self.root}: cannot open version {version}: {exc}") from exc
+        self._check_table_version(table, dt)
+        return dt
+
+    def _check_table_version(self, table: str, dt) -> None:
+        try:
+            version = int(json.loads(dt.metadata().description or "{}").get("schema_version", 0))
+        except (ValueError, AttributeError):
+            version = 0
+        if version > SCHEMA_VERSION:
+            raise NewerSchemaError(
+                f"table {table!r} in {self.root} has schema version {version}; this code reads up "
+                f"to {SCHEMA_VERSION}: upgrade dataengine to read it"
+            )
+
+    def _create_table(self, spec: TableSpec) -> None:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
+        path = str(self.table_path(spec.name))
+        if DeltaTable.is_deltatable(path):
+            return
+        try:
+            DeltaTable.create(
+                path,
+                schema=spec.schema,
+                mode="ignore",
+                name=spec.name,
+                description=json.dumps({"schema_version": SCHEMA_VERSION}),
+            )
+        except DeltaError:
+            # Another process created it between the check and ours: fine if it exists now.
+            if not DeltaTable.is_deltatable(path):
+                raise
+
+    def version(self, table: str) -> int:
+        """The latest Delta version of `table`."""
+        return self._delta(table).version()
+
+    def table_versions(self) -> dict[str, int]:
+        """{table: latest Delta version} for every written table: the lineage key of a read."""
+        return {name: self.version(name) for name in self.tables()}
+
+    # ---- writing --------------------------------------------------------------------------
+
+    def to_arrow(self, table: str, rows: Rows, *, run_id: str, shard_id: str) -> pa.Table:
+        """`rows` as an Arrow table with exactly `table`'s schema.
+
+        Missing nullable columns become nulls, `run_id`/`shard_id` are filled, null `created_at`
+        becomes now. Unknown columns, missing required columns, nulls in required columns,
+        values that do not convert, and rows whose run_id/shard_id differ from the arguments
+        raise `SchemaMismatchError` naming the columns.
+        """
+        spec = table_spec(table)
+        if not isinstance(run_id, str) or not run_id or not isinstance(shard_id, str) or not shard_id:
+            raise SchemaMismatchError(f"table {table!r}: run_id and shard_id must be non-empty strings")
+        if isinstance(rows, pl.DataFrame):
+            rows = rows.to_arrow()
+        if isinstance(rows, pa.Table):
+            present = list(rows.column_names)
+            n = rows.num_rows
+            get = lambda name: rows.column(name)  # noqa: E731
+        elif isinstance(rows, (list, tuple)) and not rows:
+            return spec.schema.empty_table()
+        elif isinstance(rows, (list, tuple)):
+            if any(not isinstance(r, dict) for r in rows):
+                raise SchemaMismatchError(f"table {table!r}: rows must be dicts, a pyarrow Table or a polars DataFrame")
+            present = list(dict.fromkeys(k for r in rows for k in r))
+            n = len(rows)
+            get = lambda name: [r.get(name) for r in rows]  # noqa: E731
+        else:
+            raise SchemaMismatchError(
+                f"table {table!r}: rows must be a list of dicts, a pyarrow Table or a polars "
+                f"DataFrame, not {type(rows).__name__}"
+            )
+        unknown = [c for c in present if c not in spec.column_names]
+        if unknown:
+            raise SchemaMismatchError(
+                f"table {table!r} has no column(s) {', '.join(unknown)}; its columns are "
+                f"{', '.join(spec.column_names)}"
+            )
+        missing = [c for c in spec.required if c not in present and c not in KEY_COLUMNS]
+        if missing:
+            raise SchemaMismatchError(f"table {table!r}: required column(s) missing: {', '.join(missing)}")
+
+        arrays = []
+        now = datetime.now(timezone.utc)
+        for col in spec.columns:
+            if col.name in KEY_COLUMNS:
+                want = run_id if col.name == "run_id" else shard_id
+                if col.name in present:
+                    values = pa.array(get(col.name)) if not isinstance(rows, pa.Table) else get(col.name)
+                    bad = pa.compute.any(pa.compute.not_equal(values.cast(pa.string()), want)).as_py()
+                    if bad or values.null_count:
+                        raise SchemaMismatchError(
+                            f"table {table!r}: column {col.name} holds values other than {want!r}; "
+                            "one append writes one (run_id, shard_id)"
+                        )
+                arrays.append(pa.array([want] * n, type=col.type))
+                continue
+            if col.name not in present:
+                if col.name == "created_at":
+                    arrays.append(pa.array([now] * n, type=col.type))
+                else:
+                    arrays.append(pa.nulls(n, type=col.type))
+                continue
+            try:
+                values = get(col.name)
+                array = values.cast(col.type) if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values, type=col.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
+                raise SchemaMismatchError(
+                    f"table {table!r}: column {col.name} does not convert to {col.type}: {exc}"
+                ) from exc
+            if col.name == "created_at" and array.null_count:
+                array = pa.compute.fill_null(array, pa.scalar(now, type=col.type))
+            if not col.nullable and array.null_count:
+                raise SchemaMismatchError(f"table {table!r}: required column {col.name} has {array.null_count} null(s)")
+            arrays.append(array)
+        arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+        return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+    def append(self, table: str, rows: Rows, *, run_id: str, shard_id: str) -> int:
+        """Write `rows` as shard (run_id, shard_id) of `table` in one commit; return the version.
+
+        Writing the same shard again replaces it (one copy). A conflict with concurrent writers
+        is retried up to `max_retries` times with jittered backoff, then `RetryableStoreError`.
+        """
+        from deltalake import CommitProperties, DeltaTable, write_deltalake
+        from deltalake.exceptions import DeltaError
+
+        spec = table_spec(table)
+        data = self.to_arrow(table, rows, run_id=run_id, shard_id=shard_id)
+        self._ensure_store_file()
+        self._create_table(spec)
+        path = str(self.table_path(table))
+        self._check_table_version(table, DeltaTable(path))
+        predicate = f"run_id = {_sql_literal(run_id)} AND shard_id = {_sql_literal(shard_id)}"
+        commit = CommitProperties(
+            custom_metadata={
+                "dataengine.run_id": run_id,
+                "dataengine.shard_id": shard_id,
+                "dataengine.schema_version": str(SCHEMA_VERSION),
+            }
+        )
+        delay = 0.05
+        for attempt in range(self.max_retries):
+            try:
+                write_deltalake(path, data, mode="overwrite", predicate=predicate, commit_properties=commit)
+                return DeltaTable(path).version()
+            except DeltaError as exc:
+                if not _is_conflict(exc):
+                    raise StoreError(f"append to table {table!r} in {self.root} failed: {exc}") from exc
+                last = exc
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
+        raise RetryableStoreError(
+            f"append of shard ({run_id}, {shard_id}) to table {table!r} in {self.root} lost "
+            f"{self.max_retries} commit races with concurrent writers; retry it ({last})"
+        )
+
+    def committed_shards(self, table: str, run_id: str) -> set[str]:
+        """shard_ids of `run_id` that have rows in `table` (a resumed run skips them)."""
+        if not self.has_table(table):
+            return set()
+        frame = self.scan(table).filter(pl.col("run_id") == run_id).select("shard_id").unique().collect()
+        return set(frame["shard_id"].to_list())
+
+    def record_run(
+        self,
+        run_id: str,
+        *,
+        kind: str,
+        config: dict[str, Any] | None = None,
+        model_id: str | None = None,
+        checkpoint_hash: str | None = None,
+        verifier_versions: dict[str, str] | None = None,
+        seed: int | None = None,
+        source_versions: dict[str, int] | None = None,
+        code_version: str | None = None,
+        shard_id: str = "run",
+    ) -> int:
+        """Append the lineage row of a run to `runs` (code_version defaults to the git sha)."""
+        row = {
+            "kind": kind,
+            "config_json": json.dumps(config or {}, sort_keys=True, default=str),
+            "code_version": code_version if code_version is not None else git_version(),
+            "model_id": model_id,
+            "checkpoint_hash": checkpoint_hash,
+            "verifier_versions_json": json.dumps(verifier_versions or {}, sort_keys=True),
+            "seed": seed,
+            "source_versions_json": json.dumps(source_versions or {}, sort_keys=True),
+        }
+        return self.append("runs", [row], run_id=run_id, shard_id=shard_id)
+
+    # ---- reading --------------------------------------------------------------------------
+
+    def data_files(self, table: str, version: int | None = None) -> pa.Table:
+        """The active data files of `table`: columns path (relative), size_bytes, num_records."""
+        dt = self._delta(table, version)
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        keep = [c for c in ("path", "size_bytes", "num_records", "min.shard_id", "min.run_id") if c in actions.column_names]
+        return actions.select(keep)
+
+    def check(self, table: str, version: int | None = None, *, full: bool = False) -> None:
+        """Raise `CorruptFileError` naming the first damaged data file of `table`.
+
+        Cheap by default: each file must exist with the size the Delta log records. With
+        `full`, every file is also read completely.
+        """
+        import pyarrow.parquet as pq
+
+        files = self.data_files(table, version).to_pylist()
+        base = self.table_path(table)
+        for f in files:
+            path = base / f["path"]
+            shard = f"run {f.get('min.run_id')!r} shard {f.get('min.shard_id')!r}"
+            if not path.exists():
+                raise CorruptFileError(
+                    f"table {table!r}: data file {path} ({shard}) is missing; restore it, or drop "
+                    "the table to an earlier version"
+                )
+            size = path.stat().st_size
+            if f.get("size_bytes") is not None and size != f["size_bytes"]:
+                raise CorruptFileError(
+                    f"table {table!r}: data file {path} ({shard}) is truncated or damaged: "
+                    f"{size} bytes, the Delta log records {f['size_bytes']}"
+                )
+            if full:
+                try:
+                    pq.read_table(path)
+                except Exception as exc:  # noqa: BLE001 - any reader failure means a bad file
+                    raise CorruptFileError(f"table {table!r}: data file {path} ({shard}) is unreadable: {exc}") from exc
+
+    def scan(self, table: str, version: int | None = None) -> pl.LazyFrame:
+        """`table` as a Polars LazyFrame, at the latest or the given Delta `version`."""
+        dt = self._delta(table, version)
+        if self.check_files:
+            self.check(table, version)
+        return pl.scan_delta(dt)
+
+    def read(self, table: str, version: int | None = None) -> pl.LazyFrame:
+        """Same as `scan`: the table at a version, for exact rebuilds from recorded versions."""
+        return self.scan(table, version)
+
+    def empty(self, table: str) -> pl.LazyFrame:
+        """An empty LazyFrame with `table`'s schema (for a table not written yet)."""
+        return pl.from_arrow(table_spec(table).schema.empty_table()).lazy()
+
+    def scan_or_empty(self, table: str, version: int | None = None) -> pl.LazyFrame:
+        return self.scan(table, version) if self.has_table(table) else self.empty(table)
+
+    def runs(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("runs", version)
+
+    def tasks(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("tasks", version)
+
+    def nodes(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("nodes", version)
+
+    def trajectories(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("trajectories", version)
+
+    def pairs(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("pairs", version)
+
+    def sft(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("sft", version)
+
+    def replay(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("replay", version)
+
+    def evals(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("evals", version)
+
+    def models(self, version: int | None = None) -> pl.LazyFrame:
+        return self.scan("models", version)
+
+    def sql(self, query: str, *, versions: dict[str, int] | None = None) -> pl.LazyFrame:
+        """Run SQL over every written table (registered by name) through Polars' SQLContext.
+
+        A table whose files are damaged is left out (the rest stays queryable); naming it in
+        the query then fails with the reason.
+        """
+        ctx = pl.SQLContext()
+        broken: dict[str, str] = {}
+        for name in self.tables():
+            try:
+                ctx.register(name, self.scan(name, (versions or {}).get(name)))
+            except StoreError as exc:
+                broken[name] = str(exc)
+        try:
+            return ctx.execute(query, eager=False)
+        except Exception as exc:  # noqa: BLE001 - Polars raises several SQL error types
+            for name, reason in broken.items():
+                if name in query:
+                    raise StoreError(f"query names table {name!r}, which is unreadable: {reason}") from exc
+            missing = [t for t in TABLES if t not in self.tables() and t in query]
+            hint = f" (tables not written yet: {', '.join(missing)})" if missing else ""
+            raise StoreError(f"query failed: {exc}{hint}; tables: {', '.join(self.tables()) or 'none'}") from exc
+
+    def history(self, table: str) -> list[dict[str, Any]]:
+        """The Delta commit history of `table`, newest first."""
+        return self._delta(table).history()
+
+    def iter_tables(self) -> Iterable[tuple[str, pl.LazyFrame]]:
+        for name in self.tables():
+            yield name, self.scan(name)
