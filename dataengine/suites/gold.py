@@ -1,0 +1,63 @@
+"""Gold solutions as text and as executed calls.
+
+`gold_turns` renders a task's reference solution as the assistant turns a Hermes-format policy
+would write; `replay` executes gold calls directly (no sandbox) to get their outputs and the
+reference end state.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from dataengine.tools.registry import Toolbox, get_toolbox
+from dataengine.types import Task, ToolCall
+
+# Final text of a gold episode whose task is judged by end state only (no gold answer).
+DEFAULT_REPLY = "Done."
+
+
+def render_call(call: ToolCall) -> str:
+    """One Hermes tool call with canonical JSON: `<tool_call>{"arguments": {...}, "name": ...}</tool_call>`."""
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True, ensure_ascii=False)
+    return f"<tool_call>{body}</tool_call>"
+
+
+def gold_turns(task: Task) -> list[str]:
+    """The assistant texts that solve `task`: one tool call per turn, then the final answer.
+
+    The final text is gold.answer, else metadata["gold_reply"] (a confirmation for tasks judged
+    by end state), else "Done.".
+    """
+    turns = [render_call(c) for c in task.gold.calls]
+    final = task.gold.answer
+    if final is None:
+        final = task.metadata.get("gold_reply", DEFAULT_REPLY)
+    turns.append(str(final))
+    return turns
+
+
+def replay(
+    toolbox: Toolbox | str, calls: list[ToolCall], state: dict[str, Any] | None = None
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """Execute `calls` in order by calling the tool functions directly.
+
+    Returns (outputs, end_state): one output per call, and the tool state after the last call
+    (a deep copy of `state` mutated by stateful tools; None for stateless toolboxes). An
+    exception from a tool propagates: gold calls must all succeed.
+    """
+    box = get_toolbox(toolbox) if isinstance(toolbox, str) else toolbox
+    end_state = copy.deepcopy(state)
+    outputs: list[Any] = []
+    for call in calls:
+        if call.name not in box.tools:
+            raise KeyError(f"toolbox {box.name!r} has no tool {call.name!r}")
+        tool = box.tools[call.name]
+        if tool.stateful:
+            if end_state is None:
+                raise ValueError(f"tool {call.name!r} is stateful but the task has no tool state")
+            outputs.append(tool.fn(end_state, **call.arguments))
+        else:
+            outputs.append(tool.fn(**call.arguments))
+    return outputs, end_state
