@@ -43,7 +43,7 @@ STORE_FILE = "_store.json"
 STORE_FORMAT = "dataengine-store"
 KEY_COLUMNS = ("run_id", "shard_id")
 
-Rows = list[dict[str, Any]] | pa.Table | pl.DataFrame
+Rows = list[dict[str, Any]] | pa.Table | pl.DataFrame | pa.RecordBatchReader
 
 
 def _sql_literal(value: str) -> str:
@@ -97,10 +97,12 @@ class Store:
         create: bool = True,
         max_retries: int = 12,
         check_files: bool = True,
+        target_file_size: int | None = None,
     ) -> None:
         self.root = Path(root).expanduser()
         self.max_retries = max_retries
         self.check_files = check_files
+        self.target_file_size = target_file_size
         if self.root.exists() and not self.root.is_dir():
             raise StoreNotFoundError(f"store path {self.root} is a file, not a store folder")
         meta = self.root / STORE_FILE
@@ -304,6 +306,8 @@ class Store:
     def append(self, table: str, rows: Rows, *, run_id: str, shard_id: str) -> int:
         """Write `rows` as shard (run_id, shard_id) of `table` in one commit; return the version.
 
+        `rows`: a list of dicts, a pyarrow Table, a polars DataFrame, or a pyarrow
+        RecordBatchReader (streamed; a stream cannot be retried after a lost commit race).
         Writing the same shard again replaces it (one copy). A conflict with concurrent writers
         is retried up to `max_retries` times with jittered backoff, then `RetryableStoreError`.
         """
@@ -311,7 +315,16 @@ class Store:
         from deltalake.exceptions import DeltaError
 
         spec = table_spec(table)
-        data = self.to_arrow(table, rows, run_id=run_id, shard_id=shard_id)
+        if isinstance(rows, pa.RecordBatchReader):
+            # A stream is converted batch by batch, so a large shard need not fit in memory.
+            batches = (
+                b
+                for batch in rows
+                for b in self.to_arrow(table, pa.Table.from_batches([batch]), run_id=run_id, shard_id=shard_id).to_batches()
+            )
+            data = pa.RecordBatchReader.from_batches(spec.schema, batches)
+        else:
+            data = self.to_arrow(table, rows, run_id=run_id, shard_id=shard_id)
         self._ensure_store_file()
         self._create_table(spec)
         path = str(self.table_path(table))
@@ -327,7 +340,10 @@ class Store:
         delay = 0.05
         for attempt in range(self.max_retries):
             try:
-                write_deltalake(path, data, mode="overwrite", predicate=predicate, commit_properties=commit)
+                write_deltalake(
+                    path, data, mode="overwrite", predicate=predicate, commit_properties=commit,
+                    target_file_size=self.target_file_size,
+                )
                 return DeltaTable(path).version()
             except DeltaError as exc:
                 if not _is_conflict(exc):
