@@ -1,0 +1,68 @@
+"""Efficiency and length: extra steps, repeated identical calls, overlong replies."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from dataengine.types import Episode, Step, Task, Verdict
+from dataengine.verifiers.base import not_applicable, verdict
+
+
+def reference_steps(task: Task) -> int:
+    """Steps a good episode needs: metadata["reference_steps"], else one per gold call plus the answer."""
+    ref = task.metadata.get("reference_steps")
+    if ref is not None:
+        return int(ref)
+    return len(task.gold.calls) + 1
+
+
+class EfficiencyVerifier:
+    """Penalise steps beyond the reference and calls repeated with identical arguments.
+
+    slack: extra steps allowed before the verdict fails. Score = 1 / (1 + extra + repeats),
+    where extra = max(0, steps - reference - slack).
+    details: steps, reference, extra, repeats.
+    """
+
+    name = "efficiency"
+    version = "1"
+
+    def __init__(self, slack: int = 1) -> None:
+        self.slack = slack
+
+    def verify(self, episode: Episode) -> Verdict:
+        if not episode.steps:
+            return not_applicable(self.name, self.version, "episode has no steps")
+        ref = reference_steps(episode.task)
+        extra = max(0, len(episode.steps) - ref - self.slack)
+        counts = Counter(c.key() for c in episode.calls)
+        repeats = sum(n - 1 for n in counts.values())
+        bad = extra + repeats
+        return verdict(
+            self.name, self.version, bad == 0, 1.0 / (1.0 + bad), steps=len(episode.steps), reference=ref, extra=extra, repeats=repeats
+        )
+
+
+class LengthVerifier:
+    """Every assistant reply is at most `max_chars` characters long.
+
+    Score: fraction of replies within the limit. details: overlong (step indices), longest.
+    """
+
+    name = "length"
+    version = "1"
+
+    def __init__(self, max_chars: int = 2000) -> None:
+        self.max_chars = max_chars
+
+    def verify_step(self, task: Task, step: Step) -> Verdict:
+        n = len(step.action.text)
+        return verdict(self.name, self.version, n <= self.max_chars, longest=n)
+
+    def verify(self, episode: Episode) -> Verdict:
+        if not episode.steps:
+            return not_applicable(self.name, self.version, "episode has no steps")
+        lengths = [len(s.action.text) for s in episode.steps]
+        overlong = [i for i, n in enumerate(lengths) if n > self.max_chars]
+        score = 1.0 - len(overlong) / len(lengths)
+        return verdict(self.name, self.version, not overlong, score, overlong=overlong, longest=max(lengths))
