@@ -1,0 +1,121 @@
+"""Saving a trained model as a checkpoint folder and registering it in the store's models table.
+
+A checkpoint folder holds the merged weights (safetensors), the tokenizer with its chat template,
+and `dataengine_checkpoint.json` (the CheckpointInfo), so `load_model(path)` loads it and a later
+training run finds its parent's id without the store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT_FILE = "dataengine_checkpoint.json"
+MODELS_TABLE = "models"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a training run produced.
+
+    model_id: "<kind>-<name>@<16 hex of the weight files>" (dataengine.models.checkpoint_hash).
+    parent_id: model_id of the model training started from.
+    path: the checkpoint folder (load it with dataengine.models.load_model(path)).
+    kind: "dpo" | "sft" | "grpo".
+    config: the training config as a JSON-able dict.
+    dataset_versions: where the training data came from, e.g. {"pairs": 3} (Delta versions of the
+        store tables) or {"file:/x.parquet": "<sha256>"} for exported files.
+    metrics: training metrics (train_loss, steps, runtime seconds, rows, ...).
+    created_at: ISO-8601 UTC time the checkpoint was written.
+    """
+
+    model_id: str
+    parent_id: str | None
+    path: str
+    kind: str
+    config: dict[str, Any] = field(default_factory=dict)
+    dataset_versions: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+
+    def to_row(self, *, run_id: str) -> dict[str, Any]:
+        """The row for the store's models table (JSON columns as strings)."""
+        return {
+            "run_id": run_id,
+            "shard_id": self.model_id,
+            "model_id": self.model_id,
+            "parent_id": self.parent_id,
+            "path": self.path,
+            "kind": self.kind,
+            "config_json": json.dumps(self.config, sort_keys=True, default=str),
+            "dataset_versions_json": json.dumps(self.dataset_versions, sort_keys=True, default=str),
+            "metrics_json": json.dumps(self.metrics, sort_keys=True, default=str),
+            "created_at": datetime.fromisoformat(self.created_at) if self.created_at else None,
+        }
+
+
+def read_checkpoint_info(path: str | Path) -> CheckpointInfo | None:
+    """The CheckpointInfo saved in a checkpoint folder, or None when the folder has none."""
+    file = Path(path) / CHECKPOINT_FILE
+    if not file.is_file():
+        return None
+    return CheckpointInfo(**json.loads(file.read_text()))
+
+
+def parent_model_id(init: str, model: Any) -> str:
+    """The id of the model training starts from: the checkpoint's own id when `init` is a folder
+    we wrote, else dataengine.models.model_id (name@hash of the weight files)."""
+    info = read_checkpoint_info(init) if init not in ("smollm2", "tiny") else None
+    if info is not None:
+        return info.model_id
+    from dataengine.models import model_id
+
+    return model_id(model)
+
+
+def save_checkpoint(
+    model: Any,
+    tokenizer: Any,
+    out_dir: str | Path,
+    *,
+    kind: str,
+    parent_id: str | None,
+    config: dict[str, Any],
+    dataset_versions: dict[str, Any],
+    metrics: dict[str, Any],
+) -> CheckpointInfo:
+    """Merge LoRA adapters (if any), save weights + tokenizer + CheckpointInfo to `out_dir`.
+
+    The merged model is a plain transformers model, so the folder loads with load_model(path)
+    and needs no peft at inference.
+    """
+    from dataengine.models import checkpoint_hash
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    name = Path(str(config.get("init", "model"))).name or "model"
+    info = CheckpointInfo(
+        model_id=f"{kind}-{name}@{checkpoint_hash(out)}",
+        parent_id=parent_id,
+        path=str(out.resolve()),
+        kind=kind,
+        config=config,
+        dataset_versions=dataset_versions,
+        metrics=metrics,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    (out / CHECKPOINT_FILE).write_text(json.dumps(asdict(info), indent=1, sort_keys=True, default=str))
+    return info
+
+
+def register_checkpoint(store: Any, info: CheckpointInfo, *, run_id: str | None = None) -> None:
+    """Append `info` to the store's models table (one shard per model_id: a retry never doubles it)."""
+    store.append(MODELS_TABLE, [info.to_row(run_id=run_id or f"train-{info.kind}")],
+                 run_id=run_id or f"train-{info.kind}", shard_id=info.model_id)
