@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
+import threading
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,6 +31,7 @@ TOOLBOX_MODULES: dict[str, str] = {
     "shop": "dataengine.suites.shop",
     "chains": "dataengine.suites.chains",
     "notool": "dataengine.suites.notool",
+    "testing": "dataengine.tools.testing",
 }
 # prefix -> "module:function" building the toolbox for "prefix:rest" names (external suites).
 TOOLBOX_FACTORIES: dict[str, str] = {
@@ -36,6 +40,7 @@ TOOLBOX_FACTORIES: dict[str, str] = {
 }
 
 _REGISTRY: dict[str, "Toolbox"] = {}
+_SCHEMA_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -74,15 +79,10 @@ def tool_from_callable(fn: Callable[..., Any], name: str | None = None) -> Tool:
     The schema comes from transformers.utils.get_json_schema; a first `state` parameter marks
     the tool stateful and is removed from the schema.
     """
-    from transformers.utils import get_json_schema
-
     params = list(inspect.signature(fn).parameters)
     stateful = bool(params) and params[0] == STATE_PARAM
-    if stateful:
-        # get_json_schema wants every parameter documented and typed; hide `state` from it.
-        schema = get_json_schema(_without_state(fn))
-    else:
-        schema = get_json_schema(fn)
+    # get_json_schema wants every parameter documented and typed; hide `state` from it.
+    schema = _json_schema(_without_state(fn) if stateful else fn)
     f = schema["function"]
     spec = ToolSpec(
         name=name or f["name"],
@@ -90,6 +90,23 @@ def tool_from_callable(fn: Callable[..., Any], name: str | None = None) -> Tool:
         parameters=f.get("parameters", {"type": "object", "properties": {}}),
     )
     return Tool(fn=fn, spec=spec, stateful=stateful)
+
+
+def _json_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    """transformers.utils.get_json_schema, without importing torch in a process that lacks it."""
+    from transformers.utils import chat_template_utils, get_json_schema
+
+    if "torch" in sys.modules:
+        return get_json_schema(fn)
+    # transformers imports torch (about 1 s) only to map torch.Tensor hints to "audio";
+    # tools never take tensors, and sandbox workers must stay small.
+    with _SCHEMA_LOCK:
+        saved = chat_template_utils.is_torch_available
+        chat_template_utils.is_torch_available = lambda: False
+        try:
+            return get_json_schema(fn)
+        finally:
+            chat_template_utils.is_torch_available = saved
 
 
 def _without_state(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,7 +121,8 @@ def _without_state(fn: Callable[..., Any]) -> Callable[..., Any]:
         line for line in (fn.__doc__ or "").splitlines() if not line.strip().startswith(f"{STATE_PARAM}:")
     )
     proxy.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    hints = dict(getattr(fn, "__annotations__", {}))
+    # Resolve string annotations (PEP 563) in the tool's own module, not in this one.
+    hints = dict(typing.get_type_hints(fn))
     hints.pop(STATE_PARAM, None)
     proxy.__annotations__ = hints
     return proxy

@@ -1,0 +1,192 @@
+"""ToolEnv: a functional tool-use environment that search can branch.
+
+States are immutable values: `step(state, action)` returns a new state and never changes the
+old one, so one node can be expanded many times and two branches never share tool-state
+changes. Tool calls run in the Sandbox; `step_many` sends the calls of a whole batch of
+expansions through one `Sandbox.call_many`, so they run in parallel.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Sequence
+
+from dataengine.parsing import EXPECTED, parse_action
+from dataengine.tools.registry import get_toolbox
+from dataengine.tools.sandbox import Sandbox
+from dataengine.types import Action, Episode, Message, Step, Task, ToolCall, ToolResult, canonical_json, stable_hash
+
+# Default cap on assistant turns per episode.
+MAX_STEPS = 8
+
+
+@dataclass(frozen=True, eq=True)
+class EnvState:
+    """One point of an episode.
+
+    task: the task being solved.
+    messages: the conversation so far (the task's messages, then assistant and tool turns).
+    tool_state: the mutable tool state as a JSON object (None for stateless toolboxes); never
+        mutated in place: each step that changes it makes a new dict.
+    steps: the history, for building an Episode.
+    done: the episode ended with a final answer; truncated: it reached the step limit.
+    """
+
+    task: Task
+    messages: tuple[Message, ...]
+    tool_state: dict[str, Any] | None
+    steps: tuple[Step, ...] = ()
+    done: bool = False
+    truncated: bool = False
+
+    __hash__ = None  # type: ignore[assignment]  # holds dicts; compare, do not hash
+
+    @property
+    def terminal(self) -> bool:
+        """The episode is over (final answer or step limit)."""
+        return self.done or self.truncated
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @cached_property
+    def state_hash(self) -> str:
+        """stable_hash of the tool state: equal hashes mean equal environments."""
+        return stable_hash(self.tool_state)
+
+    @cached_property
+    def prefix_hash(self) -> str:
+        """stable_hash of the conversation so far (the prompt the policy continues)."""
+        return stable_hash([m.model_dump(mode="json") for m in self.messages])
+
+    def episode(self) -> Episode:
+        """The trajectory up to this state."""
+        return Episode(
+            task=self.task,
+            steps=list(self.steps),
+            final_state=copy.deepcopy(self.tool_state),
+            done=self.done,
+            truncated=self.truncated,
+        )
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step gave.
+
+    state: the new state.
+    observations: the messages added after the assistant turn (tool results or a parser error).
+    done: the episode is over (final answer or step limit): `state.terminal`.
+    info: parse_error (str or None), statuses (one tool status per call), truncated (bool).
+    """
+
+    state: EnvState
+    observations: list[Message]
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolEnv:
+    """Executes actions against a task's toolbox. Holds no episode state itself.
+
+    sandbox: where tool calls run (shared, not owned: the caller closes it).
+    max_steps: assistant turns after which an episode is truncated.
+    """
+
+    def __init__(self, sandbox: Sandbox, max_steps: int = MAX_STEPS) -> None:
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.sandbox = sandbox
+        self.max_steps = max_steps
+
+    def reset(self, task: Task) -> EnvState:
+        """The initial state: the task's messages and a private copy of its initial tool state."""
+        if not isinstance(task, Task):
+            raise TypeError(f"reset expects a Task, got {type(task).__name__}")
+        initial = get_toolbox(task.toolbox).initial_state(task)
+        return EnvState(task=task, messages=tuple(task.messages), tool_state=copy.deepcopy(initial))
+
+    def step(self, state: EnvState, action: Action | str) -> StepOutcome:
+        """Apply one assistant turn. A str is parsed first (see dataengine.parsing)."""
+        return self.step_many([state], [action])[0]
+
+    def step_many(self, states: Sequence[EnvState], actions: Sequence[Action | str]) -> list[StepOutcome]:
+        """Apply one action to each state. The k-th tool call of every action runs in the same
+        `Sandbox.call_many` round (calls of one action run in order, each on the state the
+        previous one left), so a batch of expansions costs as many rounds as its longest action.
+        """
+        if len(states) != len(actions):
+            raise ValueError(f"step_many got {len(states)} states but {len(actions)} actions")
+        parsed = [self._action(a) for a in actions]
+        for i, s in enumerate(states):
+            if not isinstance(s, EnvState):
+                raise TypeError(f"states[{i}] is a {type(s).__name__}, not an EnvState")
+            if s.terminal:
+                raise ValueError(f"states[{i}] is terminal (done={s.done}, truncated={s.truncated}); it cannot step")
+        tool_states = [s.tool_state for s in states]
+        results: list[list[ToolResult]] = [[] for _ in states]
+        rounds = max((len(a.tool_calls) for a in parsed if a.parse_error is None), default=0)
+        for k in range(rounds):
+            batch = [i for i, a in enumerate(parsed) if a.parse_error is None and k < len(a.tool_calls)]
+            outs = self.sandbox.call_many(
+                [(states[i].task.toolbox, parsed[i].tool_calls[k], tool_states[i]) for i in batch]
+            )
+            for i, (result, new_state) in zip(batch, outs):
+                results[i].append(result)
+                tool_states[i] = new_state
+        return [self._outcome(s, a, r, t) for s, a, r, t in zip(states, parsed, results, tool_states)]
+
+    def replay(self, task: Task, calls: list[ToolCall]) -> dict[str, Any] | None:
+        """The tool state after running `calls` in order on a fresh initial state (end-state
+        verifiers compare it with the episode's final state). Failed calls leave it unchanged."""
+        state = self.reset(task).tool_state
+        for call in calls:
+            _, state = self.sandbox.call(task.toolbox, call, state)
+        return state
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _action(action: Action | str) -> Action:
+        if isinstance(action, str):
+            return parse_action(action)
+        if isinstance(action, Action):
+            return action
+        raise TypeError(f"an action must be an Action or model text (str), got {type(action).__name__}")
+
+    def _outcome(
+        self, state: EnvState, action: Action, results: list[ToolResult], tool_state: dict[str, Any] | None
+    ) -> StepOutcome:
+        if action.parse_error is not None:
+            hint = "" if EXPECTED in action.parse_error else f" ({EXPECTED})"
+            observations = [Message(role="tool", name="parser", content=f"Error: {action.parse_error}{hint}")]
+        else:
+            observations = [observation(r) for r in results]
+        done = action.is_final
+        truncated = not done and state.num_steps + 1 >= self.max_steps
+        new_state = EnvState(
+            task=state.task,
+            messages=state.messages + (action.to_message(), *observations),
+            tool_state=tool_state,
+            steps=state.steps + (Step(action=action, observations=observations, results=results),),
+            done=done,
+            truncated=truncated,
+        )
+        info = {
+            "parse_error": action.parse_error,
+            "statuses": [r.status for r in results],
+            "truncated": truncated,
+        }
+        return StepOutcome(state=new_state, observations=observations, done=new_state.terminal, info=info)
+
+
+def observation(result: ToolResult) -> Message:
+    """The tool message for a result: canonical JSON of the output, or `Error: <status>: <message>`."""
+    if result.ok:
+        content = canonical_json(result.output)
+    else:
+        content = f"Error: {result.status}: {result.error}"
+    return Message(role="tool", name=result.call.name, content=content)

@@ -1,0 +1,143 @@
+"""Model text -> Action, and Action -> canonical model text (Hermes/Qwen tool-call format).
+
+Accepted (see docs/tools.md):
+- one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; "parameters"
+  is an alias of "arguments", which may also be a JSON string holding the object; text before
+  the first block is the thought;
+- text without any tool-call tag is a final answer (a leading "Final answer:" or "Answer:"
+  label is removed);
+- everything from the first `<tool_response>` on is dropped: small models hallucinate the
+  tool's reply after their call.
+
+Parsing checks syntax only: unknown tool names are the verifiers' business. parse_action never
+raises; a malformed reply becomes an Action whose `parse_error` names the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from dataengine.types import Action, ToolCall, ToolSpec
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+RESPONSE_TAG = "<tool_response>"
+EXPECTED = "expected <tool_call>{...}</tool_call> or a final answer"
+
+_ANSWER_LABEL = re.compile(r"^\s*(?:\*\*)?(?:final\s+answer|answer)\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?", re.IGNORECASE)
+_CODE_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+def parse_action(text: str, tools: list[ToolSpec] | None = None) -> Action:
+    """Parse one assistant reply into an Action; never raises.
+
+    `tools` is accepted for callers that have them at hand; names are not checked against it.
+    """
+    if not isinstance(text, str):
+        return Action(text=repr(text), parse_error=f"reply is a {type(text).__name__}, not text ({EXPECTED})")
+    try:
+        return _parse(text)
+    except Exception as exc:  # a parser bug must not stop an episode
+        return Action(text=text, parse_error=f"could not parse the reply ({type(exc).__name__}: {exc}; {EXPECTED})")
+
+
+def _parse(text: str) -> Action:
+    cut = text.find(RESPONSE_TAG)
+    if cut >= 0:
+        text = text[:cut].rstrip()
+    start = text.find(OPEN_TAG)
+    if start < 0:
+        if CLOSE_TAG in text:
+            return Action(text=text, parse_error=f"found {CLOSE_TAG} without an opening {OPEN_TAG} ({EXPECTED})")
+        answer = _ANSWER_LABEL.sub("", text.strip(), count=1).strip()
+        if not answer:
+            return Action(text=text, parse_error=f"empty reply ({EXPECTED})")
+        return Action(text=text, final_answer=answer)
+
+    thought = text[:start].strip() or None
+    calls: list[ToolCall] = []
+    pos = start
+    index = 0
+    while True:
+        index += 1
+        body_start = pos + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body_start)
+        nested = text.find(OPEN_TAG, body_start)
+        if end < 0 or (0 <= nested < end):
+            error = f"unclosed {OPEN_TAG} tag in tool call {index} (missing {CLOSE_TAG})"
+            return Action(text=text, thought=thought, parse_error=error)
+        call, error = _parse_call(text[body_start:end], index)
+        if error:
+            return Action(text=text, thought=thought, parse_error=error)
+        calls.append(call)  # type: ignore[arg-type]
+        pos = text.find(OPEN_TAG, end + len(CLOSE_TAG))
+        if pos < 0:
+            break
+    return Action(text=text, thought=thought, tool_calls=calls)
+
+
+def _parse_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
+    where = f"tool call {index}"
+    body = body.strip()
+    fenced = _CODE_FENCE.match(body)
+    if fenced:
+        body = fenced.group(1)
+    if not body:
+        return None, f"empty {where}: {EXPECTED}"
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON in {where} at line {exc.lineno} column {exc.colno} (char {exc.pos}): {exc.msg}"
+    if not isinstance(obj, dict):
+        return None, f"{where} is a JSON {_json_type(obj)}, expected an object with \"name\" and \"arguments\""
+    name = obj.get("name")
+    if name is None:
+        return None, f"{where} has no \"name\""
+    if not isinstance(name, str) or not name.strip():
+        return None, f"{where} has a \"name\" that is not a non-empty string: {json.dumps(name)[:80]}"
+    arguments: Any = obj.get("arguments", obj.get("parameters", {}))
+    if arguments is None:
+        arguments = {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return None, f"the \"arguments\" string of {where} is not valid JSON at char {exc.pos}: {exc.msg}"
+    if not isinstance(arguments, dict):
+        return None, f"the \"arguments\" of {where} is a JSON {_json_type(arguments)}, not an object"
+    return ToolCall(name=name.strip(), arguments=arguments), None
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if value is None:
+        return "null"
+    return "object"
+
+
+def render_tool_calls(calls: list[ToolCall]) -> str:
+    """Canonical Hermes text for the calls, one `<tool_call>` block per call, newline-separated."""
+    return "\n".join(
+        f"{OPEN_TAG}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE_TAG}"
+        for c in calls
+    )
+
+
+def render_action(action: Action) -> str:
+    """Canonical text of an action: thought and calls, the final answer, or the raw text of a
+    malformed reply (it has no canonical form)."""
+    if action.parse_error is not None:
+        return action.text
+    if action.tool_calls:
+        calls = render_tool_calls(action.tool_calls)
+        return f"{action.thought}\n{calls}" if action.thought else calls
+    return action.final_answer or ""

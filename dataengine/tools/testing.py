@@ -1,0 +1,171 @@
+"""The `testing` toolbox: well-behaved and misbehaving tools for tests and benchmarks.
+
+It lives in the package (not under tests/) because sandbox workers rebuild toolboxes by
+importing their module: registry.TOOLBOX_MODULES maps "testing" here. No task suite uses it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import signal
+import time
+
+from dataengine.tools.registry import Toolbox, register_toolbox, tool_from_callable
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first addend.
+        b: The second addend.
+    """
+    return a + b
+
+
+def echo(text: str, repeat: int = 1) -> str:
+    """Repeat a text.
+
+    Args:
+        text: The text to repeat.
+        repeat: How many times to repeat it.
+    """
+    return text * repeat
+
+
+def divide(a: float, b: float) -> float:
+    """Divide a by b (raises ZeroDivisionError when b is 0).
+
+    Args:
+        a: The dividend.
+        b: The divisor.
+    """
+    return a / b
+
+
+def sleep(seconds: float) -> float:
+    """Sleep, then return the seconds slept.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return seconds
+
+
+def spin() -> int:
+    """Loop forever on the CPU (never returns)."""
+    n = 0
+    while True:
+        n += 1
+
+
+def segfault() -> None:
+    """Kill the worker with SIGSEGV."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def read_null() -> str:
+    """Dereference a null pointer (a real segmentation fault)."""
+    return ctypes.string_at(0).decode()
+
+
+def hard_exit(code: int = 3) -> None:
+    """Exit the worker process abruptly, skipping all cleanup.
+
+    Args:
+        code: The exit status.
+    """
+    os._exit(code)
+
+
+def allocate(megabytes: int) -> int:
+    """Allocate a block of memory and return its size in bytes.
+
+    Args:
+        megabytes: How many MiB to allocate.
+    """
+    return len(bytearray(megabytes * 1024 * 1024))
+
+
+def big_output(size: int) -> str:
+    """Return a string of `size` characters.
+
+    Args:
+        size: The number of characters.
+    """
+    return "x" * size
+
+
+def not_json() -> object:
+    """Return a value that JSON cannot encode."""
+    return {1, 2, 3}
+
+
+def lucky_number() -> int:
+    """Draw a random integer in [0, 1e9) from the `random` module."""
+    return random.randrange(10**9)
+
+
+def connect(host: str, port: int) -> str:
+    """Open a TCP connection (the sandbox must refuse it).
+
+    Args:
+        host: Host name or address.
+        port: TCP port.
+    """
+    import socket
+
+    with socket.create_connection((host, port), timeout=2):
+        return "connected"
+
+
+def whoami() -> int:
+    """Return the worker's process id (to check that workers are reused)."""
+    return os.getpid()
+
+
+def push(state: dict, item: str) -> list:
+    """Append an item to the list kept in the tool state.
+
+    Args:
+        state: The tool state (injected, hidden from the model).
+        item: The item to append.
+    """
+    state.setdefault("items", []).append(item)
+    return list(state["items"])
+
+
+def pop(state: dict) -> str:
+    """Remove and return the last item of the list kept in the tool state."""
+    items = state.get("items") or []
+    if not items:
+        raise IndexError("pop from an empty list")
+    return items.pop()
+
+
+def push_then_fail(state: dict, item: str) -> None:
+    """Append an item, then raise (the state change must not survive).
+
+    Args:
+        state: The tool state (injected, hidden from the model).
+        item: The item to append.
+    """
+    state.setdefault("items", []).append(item)
+    raise RuntimeError("failed after changing the state")
+
+
+TOOLS = [
+    add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
+    not_json, lucky_number, connect, whoami, push, pop, push_then_fail,
+]
+
+TOOLBOX = register_toolbox(
+    Toolbox(
+        name="testing",
+        tools={t.name: t for t in map(tool_from_callable, TOOLS)},
+        make_initial_state=lambda task: {"items": []},
+    )
+)
