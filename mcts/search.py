@@ -1,0 +1,369 @@
+"""The search loop: select L leaves per tree under virtual loss, expand them in one call, back up.
+
+Every function works on B trees at once; Python loops run over depth and over the L leaves,
+never over trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats
+from mcts.tree import ROOT_INDEX, UNVISITED, Tree, grow
+
+# Selection outcomes, one per tree, in SelectedPath.status.
+INACTIVE = 0  # the tree did not search in this slot (budget spent, root terminal)
+NEW = 1  # the path ends on an unexpanded edge (parent, action): expand it
+REVISIT = 2  # the path ends on an existing leaf that is never expanded (terminal or max depth)
+# A NEW path whose edge is already pending in this iteration, or that does not fit the tree.
+DROPPED = 3
+
+
+@dataclass(frozen=True)
+class SelectedPath:
+    """One root-to-leaf path per tree.
+
+    status: `[B]` int64, INACTIVE, NEW, REVISIT or DROPPED.
+    parent: `[B]` int64, node the last action was taken from.
+    action: `[B]` int64, the last action.
+    leaf: `[B]` int64, the existing leaf reached (REVISIT), else UNVISITED.
+    path_nodes: `[B, D]` int64, nodes the path left, root first (D = longest path of the batch).
+    path_actions: `[B, D]` int64, action taken at each of them.
+    path_mask: `[B, D]` bool, True where the step belongs to the tree's path.
+    """
+
+    status: torch.Tensor
+    parent: torch.Tensor
+    action: torch.Tensor
+    leaf: torch.Tensor
+    path_nodes: torch.Tensor
+    path_actions: torch.Tensor
+    path_mask: torch.Tensor
+
+
+@dataclass
+class VirtualLoss:
+    """Pending visits of the current iteration, cleared after its backups.
+
+    edge_visits: `[B, N, K]` float, virtual visits on each edge.
+    node_visits: `[B, N]` float, virtual visits on each node (sum over its edges).
+    amount: virtual visits added per traversal; each counts as the node's lowest value.
+    """
+
+    edge_visits: torch.Tensor
+    node_visits: torch.Tensor
+    amount: float
+
+
+def node_stats(tree: Tree, node_index: torch.Tensor, virtual_loss: VirtualLoss | None = None) -> NodeStats:
+    """The NodeStats of node `node_index[b]` ([B]) of every tree, with virtual loss applied.
+
+    A virtual visit counts as one visit whose Q is the lowest value seen at the node, so
+    pending paths look worse and other leaves get selected.
+    """
+    rows = torch.arange(tree.batch_size, device=tree.device)
+    dtype = tree.node_values.dtype
+    logits = tree.children_prior_logits[rows, node_index]
+    counts = tree.children_visits[rows, node_index].to(dtype)
+    q = tree.children_rewards[rows, node_index] + tree.children_discounts[rows, node_index] * (
+        tree.children_values[rows, node_index]
+    )
+    value = tree.node_values[rows, node_index]
+    visits = tree.node_visits[rows, node_index].to(dtype)
+    if virtual_loss is not None:
+        pending = virtual_loss.edge_visits[rows, node_index]
+        visited = counts > 0
+        low = torch.minimum(value, torch.where(visited, q, value.unsqueeze(-1)).min(-1).values).unsqueeze(-1)
+        total = counts + pending
+        q = torch.where(pending > 0, (q * counts + low * pending) / total.clamp_min(1e-12), q)
+        counts = total
+        visits = visits + virtual_loss.node_visits[rows, node_index]
+    return NodeStats(
+        depth=tree.depth[rows, node_index],
+        visits=visits,
+        value=value,
+        raw_value=tree.raw_values[rows, node_index],
+        prior_logits=logits,
+        children_visits=counts,
+        qvalues=q,
+        invalid=torch.isneginf(logits),
+    )
+
+
+def select_path(
+    tree: Tree,
+    *,
+    root_action_selection_fn: ActionSelectionFn,
+    interior_action_selection_fn: ActionSelectionFn,
+    active: torch.Tensor,
+    max_depth: int | None = None,
+    generator: torch.Generator | None = None,
+    virtual_loss: VirtualLoss | None = None,
+) -> SelectedPath:
+    """Walk every active tree from the root to a leaf, choosing actions with the given rules.
+
+    The walk stops at an unexpanded edge (NEW) or at an existing leaf that is terminal or at
+    max_depth (REVISIT). active: `[B]` bool, trees that search in this slot.
+    """
+    b = tree.batch_size
+    rows = torch.arange(b, device=tree.device)
+    node = torch.full((b,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
+    status = torch.full((b,), INACTIVE, dtype=torch.int64, device=tree.device)
+    parent = node.clone()
+    action = torch.zeros_like(node)
+    leaf = torch.full_like(node, UNVISITED)
+    running = active & ~tree.terminal[:, ROOT_INDEX]
+    nodes, actions, masks = [], [], []
+    depth = 0
+    while bool(running.any()):
+        stats = node_stats(tree, node, virtual_loss)
+        select = root_action_selection_fn if depth == 0 else interior_action_selection_fn
+        chosen = select(stats, generator)
+        child = tree.children_index[rows, node, chosen]
+        nodes.append(node)
+        actions.append(chosen)
+        masks.append(running)
+        parent = torch.where(running, node, parent)
+        action = torch.where(running, chosen, action)
+        is_new = running & (child == UNVISITED)
+        safe_child = child.clamp_min(0)
+        at_leaf = tree.terminal[rows, safe_child]
+        if max_depth is not None:
+            at_leaf = at_leaf | (tree.depth[rows, safe_child] >= max_depth)
+        is_revisit = running & ~is_new & at_leaf
+        status = torch.where(is_new, NEW, torch.where(is_revisit, REVISIT, status))
+        leaf = torch.where(is_revisit, child, leaf)
+        running = running & ~is_new & ~is_revisit
+        node = torch.where(running, child, node)
+        depth += 1
+    if not nodes:
+        empty = torch.zeros((b, 0), dtype=torch.int64, device=tree.device)
+        return SelectedPath(status, parent, action, leaf, empty, empty, empty.bool())
+    return SelectedPath(
+        status=status,
+        parent=parent,
+        action=action,
+        leaf=leaf,
+        path_nodes=torch.stack(nodes, 1),
+        path_actions=torch.stack(actions, 1),
+        path_mask=torch.stack(masks, 1),
+    )
+
+
+def add_virtual_loss(virtual_loss: VirtualLoss, path: SelectedPath) -> None:
+    """Add one virtual traversal of each tree's path (where path_mask is True), in place."""
+    rows = torch.arange(path.status.shape[0], device=path.status.device)
+    for d in range(path.path_nodes.shape[1]):
+        n, a = path.path_nodes[:, d], path.path_actions[:, d]
+        amount = virtual_loss.amount * path.path_mask[:, d].to(virtual_loss.edge_visits.dtype)
+        # Each tree writes one distinct row, so plain indexed assignment has no duplicates.
+        virtual_loss.edge_visits[rows, n, a] = virtual_loss.edge_visits[rows, n, a] + amount
+        virtual_loss.node_visits[rows, n] = virtual_loss.node_visits[rows, n] + amount
+
+
+def clear_virtual_loss(virtual_loss: VirtualLoss, path: SelectedPath) -> None:
+    """Zero the virtual visits on each tree's path (exact, unlike subtracting floats), in place."""
+    rows = torch.arange(path.status.shape[0], device=path.status.device)
+    for d in range(path.path_nodes.shape[1]):
+        n, a, keep = path.path_nodes[:, d], path.path_actions[:, d], path.path_mask[:, d]
+        virtual_loss.edge_visits[rows, n, a] = torch.where(keep, 0.0, virtual_loss.edge_visits[rows, n, a])
+        virtual_loss.node_visits[rows, n] = torch.where(keep, 0.0, virtual_loss.node_visits[rows, n])
+
+
+def backup(tree: Tree, leaf_index: torch.Tensor, active: torch.Tensor) -> None:
+    """Back the value of `leaf_index[b]` up to the root of every active tree, in place.
+
+    Along the path, G = r(s, a) + discount(s, a) * G starts from V(leaf); each parent's value
+    becomes the running mean of the G it received, its visits grow by one, and the edge's
+    children_values/children_visits are refreshed (mctx's backward).
+    """
+    rows = torch.arange(tree.batch_size, device=tree.device)
+    index = torch.where(active, leaf_index, ROOT_INDEX)
+    value = tree.node_values[rows, index]
+    running = active & (index != ROOT_INDEX)
+    while bool(running.any()):
+        parent = torch.where(running, tree.parents[rows, index], index).clamp_min(0)
+        act = torch.where(running, tree.action_from_parent[rows, index], 0).clamp_min(0)
+        reward = tree.children_rewards[rows, parent, act]
+        discount = tree.children_discounts[rows, parent, act]
+        value = torch.where(running, reward + discount * value, value)
+        count = tree.node_visits[rows, parent]
+        old_value = tree.node_values[rows, parent]
+        new_value = (old_value * count + value) / (count + 1)
+        # Rows that stopped rewrite their own current entries unchanged.
+        tree.node_values[rows, parent] = torch.where(running, new_value, old_value)
+        tree.node_visits[rows, parent] = count + running.long()
+        tree.children_values[rows, parent, act] = torch.where(
+            running, tree.node_values[rows, index], tree.children_values[rows, parent, act]
+        )
+        tree.children_visits[rows, parent, act] = tree.children_visits[rows, parent, act] + running.long()
+        index = torch.where(running, parent, index)
+        running = running & (index != ROOT_INDEX)
+
+
+def _check_expand_output(out: ExpandOutput, b: int, l: int, k: int) -> None:
+    if not isinstance(out, ExpandOutput):
+        raise TypeError(f"expand_fn must return an mcts.ExpandOutput, got {type(out).__name__}")
+    for name in ("reward", "discount", "value", "handle", "terminal"):
+        shape = tuple(getattr(out, name).shape)
+        if shape != (b, l):
+            raise ValueError(f"ExpandOutput.{name} must be [B, L]={(b, l)}, got {shape}")
+    if tuple(out.prior_logits.shape) != (b, l, k):
+        raise ValueError(f"ExpandOutput.prior_logits must be [B, L, K]={(b, l, k)}, got {tuple(out.prior_logits.shape)}")
+
+
+def expand(tree: Tree, expand_fn: ExpandFn, parents: torch.Tensor, actions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Call expand_fn once for all (parent, action) pairs and write the new nodes, in place.
+
+    parents, actions, valid: `[B, L]`. Returns `[B, L]` int64 indices of the new nodes
+    (UNVISITED where not valid). The new nodes get visits 1 and value = the returned value
+    (0 and discount 0 if terminal); their edges stay unvisited until backup.
+    """
+    b, l = parents.shape
+    k = tree.num_actions
+    rows = torch.arange(b, device=tree.device).unsqueeze(-1)
+    handles = tree.node_handle[rows, parents]
+    out = expand_fn(handles, actions, valid)
+    _check_expand_output(out, b, l, k)
+    new_index = tree.num_nodes.unsqueeze(-1) + valid.long().cumsum(1) - 1
+    new_index = torch.where(valid, new_index, UNVISITED)
+    bi, li = valid.nonzero(as_tuple=True)
+    idx, par, act = new_index[bi, li], parents[bi, li], actions[bi, li]
+    dev, dtype = tree.device, tree.node_values.dtype
+    logits = out.prior_logits[bi, li].to(device=dev, dtype=dtype)
+    if torch.isnan(logits).any():
+        raise ValueError("ExpandOutput.prior_logits holds NaN; use -inf for missing actions")
+    value = out.value[bi, li].to(device=dev, dtype=dtype)
+    if torch.isnan(value).any():
+        raise ValueError("ExpandOutput.value holds NaN")
+    # A child with no valid action cannot be expanded either: it ends the episode.
+    terminal = out.terminal[bi, li].to(dev).bool() | torch.isneginf(logits).all(-1)
+    value = torch.where(terminal, torch.zeros_like(value), value)
+    discount = torch.where(terminal, torch.zeros_like(value), out.discount[bi, li].to(device=dev, dtype=dtype))
+    tree.children_index[bi, par, act] = idx
+    tree.children_rewards[bi, par, act] = out.reward[bi, li].to(device=dev, dtype=dtype)
+    tree.children_discounts[bi, par, act] = discount
+    tree.parents[bi, idx] = par
+    tree.action_from_parent[bi, idx] = act
+    tree.depth[bi, idx] = tree.depth[bi, par] + 1
+    tree.node_handle[bi, idx] = out.handle[bi, li].to(device=dev, dtype=torch.int64)
+    tree.terminal[bi, idx] = terminal
+    tree.raw_values[bi, idx] = value
+    tree.node_values[bi, idx] = value
+    tree.node_visits[bi, idx] = 1
+    tree.children_prior_logits[bi, idx] = logits
+    tree.num_nodes.add_(valid.long().sum(1))
+    return new_index
+
+
+def search(
+    tree: Tree,
+    expand_fn: ExpandFn,
+    *,
+    root_action_selection_fn: ActionSelectionFn,
+    interior_action_selection_fn: ActionSelectionFn,
+    num_simulations: int,
+    max_depth: int | None = None,
+    max_nodes: int | None = None,
+    leaves_per_iteration: int = 1,
+    virtual_loss: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tree:
+    """Run `num_simulations` more simulations in every tree; returns the (possibly grown) tree.
+
+    Each iteration selects up to `leaves_per_iteration` (L) paths per tree, each seeing the
+    virtual loss of the earlier ones, expands all new leaves in one expand_fn call, then backs
+    the L leaf values up in order. A path that reaches a terminal or max-depth leaf backs up
+    that leaf's value again without expanding. A path ending on an edge already pending in
+    the iteration is dropped and does not count.
+
+    max_depth: deepest node depth; nodes there are leaves (None: unbounded).
+    max_nodes: node capacity; default grows the tree to fit every simulation. A tree that is
+      full stops early.
+    virtual_loss: virtual visits added per pending traversal (only used when L > 1).
+    generator: torch.Generator on the tree's device for tie-breaking; seeds the search.
+    """
+    if num_simulations < 0:
+        raise ValueError(f"num_simulations must be >= 0, got {num_simulations}")
+    if leaves_per_iteration < 1:
+        raise ValueError(f"leaves_per_iteration must be >= 1, got {leaves_per_iteration}")
+    if max_depth is not None and max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    capacity = int(tree.num_nodes.max()) + num_simulations if max_nodes is None else max_nodes
+    tree = grow(tree, capacity)
+    b, n, k = tree.batch_size, tree.max_nodes, tree.num_actions
+    big_l = leaves_per_iteration
+    target = tree.num_simulations + num_simulations
+    done = tree.terminal[:, ROOT_INDEX] | (tree.num_simulations >= target)
+    vl = None
+    if big_l > 1:
+        vl = VirtualLoss(
+            edge_visits=torch.zeros((b, n, k), dtype=tree.node_values.dtype, device=tree.device),
+            node_visits=torch.zeros((b, n), dtype=tree.node_values.dtype, device=tree.device),
+            amount=virtual_loss,
+        )
+    while not bool(done.all()):
+        sims = tree.num_simulations
+        counted = torch.zeros(b, dtype=torch.int64, device=tree.device)
+        n_new = torch.zeros(b, dtype=torch.int64, device=tree.device)
+        paths: list[SelectedPath] = []
+        new_masks, revisit_masks = [], []
+        for _ in range(big_l):
+            active = ~done & (sims + counted < target)
+            path = select_path(
+                tree,
+                root_action_selection_fn=root_action_selection_fn,
+                interior_action_selection_fn=interior_action_selection_fn,
+                active=active,
+                max_depth=max_depth,
+                generator=generator,
+                virtual_loss=vl,
+            )
+            is_new = path.status == NEW
+            for earlier, earlier_new in zip(paths, new_masks):
+                same_edge = earlier_new & (earlier.parent == path.parent) & (earlier.action == path.action)
+                is_new = is_new & ~same_edge
+            is_new = is_new & (tree.num_nodes + n_new < n)
+            is_revisit = path.status == REVISIT
+            if vl is not None:
+                add_virtual_loss(vl, _masked(path, is_new | is_revisit))
+            counted += (is_new | is_revisit).long()
+            n_new += is_new.long()
+            paths.append(path)
+            new_masks.append(is_new)
+            revisit_masks.append(is_revisit)
+        # A searching tree whose every path was dropped is full: it stops.
+        done = done | (~done & (counted == 0))
+        valid = torch.stack(new_masks, 1)
+        new_index = torch.full((b, big_l), UNVISITED, dtype=torch.int64, device=tree.device)
+        if bool(valid.any()):
+            parents = torch.stack([p.parent for p in paths], 1)
+            actions = torch.stack([p.action for p in paths], 1)
+            new_index = expand(tree, expand_fn, parents, actions, valid)
+        for j, path in enumerate(paths):
+            if vl is not None:
+                clear_virtual_loss(vl, _masked(path, new_masks[j] | revisit_masks[j]))
+            leaf = torch.where(new_masks[j], new_index[:, j], path.leaf)
+            revisit = revisit_masks[j]
+            if bool(revisit.any()):
+                rows = torch.arange(b, device=tree.device)
+                safe = leaf.clamp_min(0)
+                tree.node_visits[rows, safe] = tree.node_visits[rows, safe] + revisit.long()
+            backup(tree, leaf, new_masks[j] | revisit)
+        done = done | (tree.num_simulations >= target)
+    return tree
+
+
+def _masked(path: SelectedPath, keep: torch.Tensor) -> SelectedPath:
+    """The path with its steps kept only for trees where `keep` ([B]) is True."""
+    return SelectedPath(
+        status=path.status,
+        parent=path.parent,
+        action=path.action,
+        leaf=path.leaf,
+        path_nodes=path.path_nodes,
+        path_actions=path.path_actions,
+        path_mask=path.path_mask & keep.unsqueeze(-1),
+    )

@@ -1,0 +1,223 @@
+"""The search tree: statistics of B trees as tensors, and read-only accessors.
+
+Node 0 of every tree is its root. A node's children are addressed by action: the child reached
+from node n by action a is `children_index[b, n, a]` (UNVISITED until expanded). Statistics are
+kept on edges (children_*) as in mctx, so Q(s, a) = reward + discount * V(child).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from mcts.base import RootInput, SearchSummary
+
+ROOT_INDEX = 0
+NO_PARENT = -1
+UNVISITED = -1
+NO_HANDLE = -1
+
+
+@dataclass(frozen=True)
+class Tree:
+    """B search trees of capacity N nodes and K actions per node.
+
+    The tensors are updated in place by the search; growing the capacity returns a new Tree.
+
+    node_visits: `[B, N]` int64, visit count of each node (the root starts at 1).
+    raw_values: `[B, N]` float, value estimate each node got at expansion (0 if terminal).
+    node_values: `[B, N]` float, mean of the backed-up values of each node.
+    parents: `[B, N]` int64, index of each node's parent (NO_PARENT for the root and free slots).
+    action_from_parent: `[B, N]` int64, action that led to each node (-1 for the root).
+    depth: `[B, N]` int64, number of actions from the root (root = 0).
+    node_handle: `[B, N]` int64, the caller's key for each node's state (NO_HANDLE if free).
+    terminal: `[B, N]` bool, True where a node ends the episode; never expanded.
+    children_index: `[B, N, K]` int64, node index of child (n, a), or UNVISITED.
+    children_prior_logits: `[B, N, K]` float, policy logits of each node's actions (-inf: invalid).
+    children_visits: `[B, N, K]` int64, N(s, a).
+    children_rewards: `[B, N, K]` float, reward of the transition (s, a).
+    children_discounts: `[B, N, K]` float, discount of the transition (s, a).
+    children_values: `[B, N, K]` float, V(child) as last backed up through (s, a).
+    num_nodes: `[B]` int64, nodes in use in each tree (next free index).
+    root_gumbel: `[B, K]` float, Gumbel noise drawn for the root (zeros unless Gumbel MuZero).
+    """
+
+    node_visits: torch.Tensor
+    raw_values: torch.Tensor
+    node_values: torch.Tensor
+    parents: torch.Tensor
+    action_from_parent: torch.Tensor
+    depth: torch.Tensor
+    node_handle: torch.Tensor
+    terminal: torch.Tensor
+    children_index: torch.Tensor
+    children_prior_logits: torch.Tensor
+    children_visits: torch.Tensor
+    children_rewards: torch.Tensor
+    children_discounts: torch.Tensor
+    children_values: torch.Tensor
+    num_nodes: torch.Tensor
+    root_gumbel: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.node_visits.shape[0]
+
+    @property
+    def max_nodes(self) -> int:
+        return self.node_visits.shape[1]
+
+    @property
+    def num_actions(self) -> int:
+        return self.children_index.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.node_visits.device
+
+    @property
+    def num_simulations(self) -> torch.Tensor:
+        """`[B]` int64, simulations backed up into each tree so far."""
+        return self.node_visits[:, ROOT_INDEX] - 1
+
+    def to(self, device: torch.device | str) -> "Tree":
+        """A copy of the tree on another device."""
+        return Tree(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields by name (what save_tree writes)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _check_root(root: RootInput) -> tuple[int, int]:
+    if root.prior_logits.dim() != 2:
+        raise ValueError(f"RootInput.prior_logits must be [B, K], got shape {tuple(root.prior_logits.shape)}")
+    b, k = root.prior_logits.shape
+    if tuple(root.value.shape) != (b,):
+        raise ValueError(f"RootInput.value must be [B]={b}, got shape {tuple(root.value.shape)}")
+    if tuple(root.handle.shape) != (b,):
+        raise ValueError(f"RootInput.handle must be [B]={b}, got shape {tuple(root.handle.shape)}")
+    if root.invalid_actions is not None and tuple(root.invalid_actions.shape) != (b, k):
+        raise ValueError(
+            f"RootInput.invalid_actions must be [B, K]={(b, k)}, got {tuple(root.invalid_actions.shape)}"
+        )
+    if torch.isnan(root.prior_logits).any() or torch.isnan(root.value).any():
+        raise ValueError("RootInput holds NaN in prior_logits or value; use -inf for missing actions")
+    return b, k
+
+
+def init_tree(
+    root: RootInput,
+    *,
+    num_simulations: int,
+    max_nodes: int | None = None,
+    root_gumbel: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tree:
+    """A tree per root with only the root expanded (visits 1, value = root.value).
+
+    num_simulations: the planned budget; sets the default capacity.
+    max_nodes: node capacity N per tree; default num_simulations + 1 (one node per simulation).
+    root_gumbel: `[B, K]` Gumbel noise kept for Gumbel MuZero's root selection; default zeros.
+    device: where the tensors live; default the device of root.prior_logits.
+    """
+    b, k = _check_root(root)
+    if num_simulations < 0:
+        raise ValueError(f"num_simulations must be >= 0, got {num_simulations}")
+    n = num_simulations + 1 if max_nodes is None else max_nodes
+    if n < 1:
+        raise ValueError(f"max_nodes must be >= 1 (the root), got {n}")
+    device = torch.device(device) if device is not None else root.prior_logits.device
+    if root_gumbel is not None and (tuple(root_gumbel.shape) != (b, k) or torch.isnan(root_gumbel).any()):
+        raise ValueError(f"root_gumbel must be a [B, K]={(b, k)} tensor without NaN, got {tuple(root_gumbel.shape)}")
+
+    def full(shape, value, dt):
+        return torch.full(shape, value, dtype=dt, device=device)
+
+    logits = root.prior_logits.to(device=device, dtype=dtype).clone()
+    if root.invalid_actions is not None:
+        logits = logits.masked_fill(root.invalid_actions.to(device), float("-inf"))
+    tree = Tree(
+        node_visits=full((b, n), 0, torch.int64),
+        raw_values=full((b, n), 0.0, dtype),
+        node_values=full((b, n), 0.0, dtype),
+        parents=full((b, n), NO_PARENT, torch.int64),
+        action_from_parent=full((b, n), -1, torch.int64),
+        depth=full((b, n), 0, torch.int64),
+        node_handle=full((b, n), NO_HANDLE, torch.int64),
+        terminal=full((b, n), False, torch.bool),
+        children_index=full((b, n, k), UNVISITED, torch.int64),
+        children_prior_logits=full((b, n, k), float("-inf"), dtype),
+        children_visits=full((b, n, k), 0, torch.int64),
+        children_rewards=full((b, n, k), 0.0, dtype),
+        children_discounts=full((b, n, k), 0.0, dtype),
+        children_values=full((b, n, k), 0.0, dtype),
+        num_nodes=full((b,), 1, torch.int64),
+        root_gumbel=(
+            full((b, k), 0.0, dtype) if root_gumbel is None else root_gumbel.to(device=device, dtype=dtype)
+        ),
+    )
+    value = root.value.to(device=device, dtype=dtype)
+    tree.node_visits[:, ROOT_INDEX] = 1
+    tree.raw_values[:, ROOT_INDEX] = value
+    tree.node_values[:, ROOT_INDEX] = value
+    tree.node_handle[:, ROOT_INDEX] = root.handle.to(device=device, dtype=torch.int64)
+    tree.children_prior_logits[:, ROOT_INDEX] = logits
+    # A root without any valid action cannot be searched: it is marked terminal.
+    tree.terminal[:, ROOT_INDEX] = torch.isneginf(logits).all(dim=-1)
+    return tree
+
+
+def grow(tree: Tree, max_nodes: int) -> Tree:
+    """A copy of the tree with capacity `max_nodes` (>= the current one); new slots are free."""
+    b, n, k = tree.batch_size, tree.max_nodes, tree.num_actions
+    if max_nodes <= n:
+        return tree
+    extra = max_nodes - n
+    fill = {
+        "parents": NO_PARENT,
+        "action_from_parent": -1,
+        "node_handle": NO_HANDLE,
+        "children_index": UNVISITED,
+        "children_prior_logits": float("-inf"),
+    }
+    fields = {}
+    for name, t in tree.tensors().items():
+        if name in ("num_nodes", "root_gumbel"):
+            fields[name] = t
+            continue
+        pad_shape = (b, extra) + tuple(t.shape[2:])
+        pad = torch.full(pad_shape, fill.get(name, 0), dtype=t.dtype, device=t.device)
+        fields[name] = torch.cat([t, pad], dim=1)
+    del k
+    return Tree(**fields)
+
+
+def qvalues(tree: Tree, node_index: torch.Tensor) -> torch.Tensor:
+    """`[B, K]` Q(s, a) = r(s, a) + discount(s, a) * V(child) of node `node_index[b]` ([B])."""
+    rows = torch.arange(tree.batch_size, device=tree.device)
+    return tree.children_rewards[rows, node_index] + tree.children_discounts[rows, node_index] * (
+        tree.children_values[rows, node_index]
+    )
+
+
+def children_visits(tree: Tree, node_index: torch.Tensor) -> torch.Tensor:
+    """`[B, K]` N(s, a) of node `node_index[b]` ([B])."""
+    rows = torch.arange(tree.batch_size, device=tree.device)
+    return tree.children_visits[rows, node_index]
+
+
+def summary(tree: Tree) -> SearchSummary:
+    """Root visit counts, visit distribution, value and Q of every tree."""
+    root = torch.full((tree.batch_size,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
+    counts = children_visits(tree, root)
+    total = counts.sum(-1, keepdim=True).clamp_min(1)
+    return SearchSummary(
+        visit_counts=counts,
+        visit_probs=counts.to(tree.node_values.dtype) / total,
+        value=tree.node_values[:, ROOT_INDEX],
+        qvalues=qvalues(tree, root),
+    )
