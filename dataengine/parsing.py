@@ -126,10 +126,15 @@ def _json_type(value: Any) -> str:
 
 def render_tool_calls(calls: list[ToolCall]) -> str:
     """Canonical Hermes text for the calls, one `<tool_call>` block per call, newline-separated."""
-    return "\n".join(
-        f"{OPEN_TAG}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE_TAG}"
-        for c in calls
-    )
+    return "\n".join(f"{OPEN_TAG}\n{_call_json(c)}\n{CLOSE_TAG}" for c in calls)
+
+
+def _call_json(call: ToolCall) -> str:
+    text = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    # A tag inside a JSON string would end the block early: write its "<" as a JSON escape.
+    for tag in (OPEN_TAG, CLOSE_TAG, RESPONSE_TAG):
+        text = text.replace(tag, "\\u003c" + tag[1:])
+    return text
 
 
 def render_action(action: Action) -> str:

@@ -68,8 +68,10 @@ class Sandbox:
         with Sandbox(workers=2) as sandbox:
             result, state = sandbox.call("arithmetic", ToolCall(name="add", arguments={...}))
 
-    `preload` names toolboxes every worker imports at start, so the first call does not pay
-    for the import. Thread-safe: calls from several threads are serialised.
+    preload: toolbox names every worker resolves at start, so no call pays for the import.
+    modules: modules every worker imports at start, for toolboxes that register themselves
+        on import but are not listed in registry.TOOLBOX_MODULES (the caller's own suites).
+    Thread-safe: calls from several threads are serialised.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class Sandbox:
         cpu_s: float = 10.0,
         max_output_bytes: int = 65536,
         preload: Sequence[str] = (),
+        modules: Sequence[str] = (),
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -89,13 +92,14 @@ class Sandbox:
                 raise ValueError(f"{label} must be > 0, got {value!r}")
         self.limits = Limits(float(timeout_s), int(memory_mb), float(cpu_s), int(max_output_bytes))
         self.preload = tuple(preload)
+        self.modules = tuple(modules)
         self._ctx = mp.get_context("forkserver")
         # Imported once in the fork server, so each worker (and each replacement) starts fast.
         self._ctx.set_forkserver_preload(["dataengine.tools.sandbox", "transformers.utils.chat_template_utils"])
         self._lock = threading.Lock()
         self._closed = False
         self._start_failures = 0
-        self._workers = [_Worker(self._ctx, self.limits, self.preload) for _ in range(workers)]
+        self._workers = [_Worker(self._ctx, self.limits, self.preload, self.modules) for _ in range(workers)]
 
     # ----------------------------------------------------------------- public API
 
@@ -122,6 +126,20 @@ class Sandbox:
                 raise RuntimeError("this Sandbox is closed; create a new one")
             self._run(checked, results)
         return results  # type: ignore[return-value]
+
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        """Block until every worker has started (benchmarks and tests that count workers)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not all(w.ready for w in self._workers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"sandbox workers not ready after {timeout_s:g} s")
+                starting = [w for w in self._workers if not w.ready]
+                ready = wait([w.conn for w in starting], left)
+                for w in starting:
+                    if w.conn in ready:
+                        self._receive(w, [], [])
 
     @property
     def pids(self) -> list[int | None]:
@@ -234,7 +252,7 @@ class Sandbox:
 
     def _replace(self, w: "_Worker") -> None:
         w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.limits, self.preload)
+        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.limits, self.preload, self.modules)
 
 
 _START_LOCK = threading.Lock()
@@ -270,11 +288,11 @@ class _WorkerProcess(mp.context.ForkServerProcess):
 class _Worker:
     """Parent-side handle of one worker process."""
 
-    def __init__(self, ctx: Any, limits: Limits, preload: tuple[str, ...]) -> None:
+    def __init__(self, ctx: Any, limits: Limits, preload: tuple[str, ...], modules: tuple[str, ...]) -> None:
         self.limits = limits
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = _WorkerProcess(
-            target=_worker_main, args=(child, limits, preload), daemon=True, name="dataengine-sandbox"
+            target=_worker_main, args=(child, limits, preload, modules), daemon=True, name="dataengine-sandbox"
         )
         self.process.start()
         child.close()
@@ -354,6 +372,7 @@ class CpuLimitExceeded(BaseException):
 
 
 _in_call = False
+_IMPORT_ERRORS: list[str] = []
 
 
 def _on_sigxcpu(signum: int, frame: Any) -> None:
@@ -387,7 +406,9 @@ def _isolate_network() -> None:
     socket.getaddrinfo = refuse  # type: ignore[assignment]
 
 
-def _worker_main(conn: Connection, limits: Limits, preload: tuple[str, ...]) -> None:
+def _worker_main(conn: Connection, limits: Limits, preload: tuple[str, ...], modules: tuple[str, ...]) -> None:
+    import importlib
+
     from dataengine.tools.registry import get_toolbox
 
     # Tool prints must not reach the engine's stdout.
@@ -397,6 +418,11 @@ def _worker_main(conn: Connection, limits: Limits, preload: tuple[str, ...]) -> 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGXCPU, _on_sigxcpu)
     _isolate_network()
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            _IMPORT_ERRORS.append(f"module {module!r} failed to import: {_describe(exc)}")
     loaded: set[str] = set()
     for name in preload:
         try:
@@ -436,7 +462,8 @@ def _execute(
     try:
         toolbox = get_toolbox(toolbox_name)
     except KeyError as exc:
-        return "unknown_tool", None, str(exc.args[0] if exc.args else exc), None, 0.0
+        message = "; ".join([str(exc.args[0] if exc.args else exc), *_IMPORT_ERRORS])
+        return "unknown_tool", None, message, None, 0.0
     except Exception as exc:
         return "exception", None, f"could not load toolbox {toolbox_name!r}: {_describe(exc)}", None, 0.0
     tool = toolbox.tools.get(name)
@@ -524,8 +551,8 @@ def _argument_problem(tool: Any, arguments: dict, validators: dict, toolbox_name
         return f"unexpected argument {unexpected[0]!r} for tool {tool.name!r}; expected arguments: {expected}"
     key = (toolbox_name, tool.name)
     if key not in validators:
-        cls = jsonschema.validators.validator_for(schema)
-        validators[key] = cls(schema)
+        schema = _standard_schema(schema)
+        validators[key] = jsonschema.validators.validator_for(schema)(schema)
     error = jsonschema.exceptions.best_match(validators[key].iter_errors(arguments))
     if error is None:
         return None
@@ -533,6 +560,25 @@ def _argument_problem(tool: Any, arguments: dict, validators: dict, toolbox_name
         return f"missing required argument for tool {tool.name!r}: {error.message}"
     field = ".".join(str(p) for p in error.absolute_path) or "(arguments)"
     return f"argument {field!r} of tool {tool.name!r}: {error.message}"
+
+
+def _standard_schema(node: Any) -> Any:
+    """Rewrite OpenAPI `"nullable": true` (what transformers emits for `X | None`) as JSON
+    Schema, which jsonschema understands: the type list and any enum also allow null."""
+    if isinstance(node, list):
+        return [_standard_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _standard_schema(v) for k, v in node.items() if k != "nullable"}
+    if node.get("nullable") is True:
+        kind = out.get("type")
+        if isinstance(kind, str):
+            out["type"] = [kind, "null"]
+        elif isinstance(kind, list) and "null" not in kind:
+            out["type"] = [*kind, "null"]
+        if isinstance(out.get("enum"), list) and None not in out["enum"]:
+            out["enum"] = [*out["enum"], None]
+    return out
 
 
 def _takes_var_keywords(fn: Any) -> bool:

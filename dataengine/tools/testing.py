@@ -10,6 +10,7 @@ import ctypes
 import os
 import random
 import signal
+import sys
 import time
 
 from dataengine.tools.registry import Toolbox, register_toolbox, tool_from_callable
@@ -25,14 +26,15 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def echo(text: str, repeat: int = 1) -> str:
+def echo(text: str, repeat: int = 1, suffix: str | None = None) -> str:
     """Repeat a text.
 
     Args:
         text: The text to repeat.
         repeat: How many times to repeat it.
+        suffix: Text appended once at the end.
     """
-    return text * repeat
+    return text * repeat + (suffix or "")
 
 
 def divide(a: float, b: float) -> float:
@@ -127,6 +129,36 @@ def whoami() -> int:
     return os.getpid()
 
 
+def nap(seconds: float) -> int:
+    """Sleep, then return the worker's process id (to see which worker ran a call).
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def imported(module: str) -> bool:
+    """Whether a module is imported in the worker.
+
+    Args:
+        module: The module's full name.
+    """
+    return module in sys.modules
+
+
+def shout(text: str) -> int:
+    """Print a text to stdout (the sandbox must swallow it) and return its length.
+
+    Args:
+        text: The text to print.
+    """
+    print(text, flush=True)
+    os.write(1, text.encode())
+    return len(text)
+
+
 def push(state: dict, item: str) -> list:
     """Append an item to the list kept in the tool state.
 
@@ -159,7 +191,7 @@ def push_then_fail(state: dict, item: str) -> None:
 
 TOOLS = [
     add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
-    not_json, lucky_number, connect, whoami, push, pop, push_then_fail,
+    not_json, lucky_number, connect, whoami, nap, imported, shout, push, pop, push_then_fail,
 ]
 
 TOOLBOX = register_toolbox(
