@@ -21,8 +21,8 @@ from typing import Any, Callable
 from dataengine.tools.registry import Tool, Toolbox, tool_from_callable
 from dataengine.types import Gold, Message, Split, Task
 
-# Candidates tried per requested task before the suite is declared exhausted.
-ATTEMPTS_PER_TASK = 50
+# Consecutive rejected candidates (repeats) after which a suite counts as exhausted.
+MAX_REPEATS_IN_A_ROW = 5000
 
 
 @dataclass(frozen=True)
@@ -110,18 +110,19 @@ def _draw(
     rng = random.Random(f"{suite.name}/{split}/{seed}")
     specs = suite.toolbox.specs()
     tasks: list[Task] = []
-    attempts = 0
+    repeats = 0
     while len(tasks) < n:
-        attempts += 1
-        if attempts > ATTEMPTS_PER_TASK * n + 1000:
+        if repeats >= MAX_REPEATS_IN_A_ROW:
             raise ValueError(
                 f"suite {suite.name!r} made only {len(tasks)} distinct {split} tasks of the {n} "
-                f"asked (seed {seed}); ask for fewer tasks"
+                f"asked (seed {seed}): {repeats} candidates in a row repeated earlier tasks; ask for fewer"
             )
         draft = suite.draft(rng)
         question = " ".join(draft.question.split())
         if draft.key in seen_keys or question in seen_questions:
+            repeats += 1
             continue
+        repeats = 0
         seen_keys.add(draft.key)
         seen_questions.add(question)
         tasks.append(
