@@ -10,11 +10,13 @@ from dataengine.train.base import TrainConfig
 from dataengine.train.checkpoint import CheckpointInfo, read_checkpoint_info, register_checkpoint
 from dataengine.train.data import TrainingData, TrainingDataError, load_training_data
 from dataengine.train.dpo import DPOTrainConfig, train_dpo
+from dataengine.train.grpo import GRPOTrainConfig, train_grpo
 from dataengine.train.sft import SFTTrainConfig, train_sft
 
 __all__ = [
     "CheckpointInfo",
     "DPOTrainConfig",
+    "GRPOTrainConfig",
     "SFTTrainConfig",
     "TrainConfig",
     "TrainingData",
@@ -23,5 +25,6 @@ __all__ = [
     "read_checkpoint_info",
     "register_checkpoint",
     "train_dpo",
+    "train_grpo",
     "train_sft",
 ]

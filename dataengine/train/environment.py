@@ -1,0 +1,199 @@
+"""TRL `environment_factory` environments whose tools run through our sandboxed ToolEnv.
+
+GRPOTrainer (TRL 1.16) builds one environment instance per rollout, calls `reset(**row)` before
+generation, exposes the instance's public methods as the tools shown to the model, parses the
+model's `<tool_call>` replies, calls the matching method and appends its return value as the tool
+turn. Here each method forwards the call to ToolEnv.step, which executes it in a Sandbox worker
+process (timeout, memory limit, no network) on the episode's own tool state; the environment keeps
+the EnvState so the reward function can rebuild the whole Episode and score it with our verifiers.
+
+One environment class is made per toolbox (a task's `toolbox`): TRL's multi-environment mode
+routes each dataset row to the class named in its "environment" column and shows only that
+toolbox's tools in the prompt.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import typing
+from typing import Any, Callable
+
+from dataengine.tools.registry import Tool, Toolbox, get_toolbox
+from dataengine.types import Action, Episode, Task, ToolCall
+
+log = logging.getLogger(__name__)
+
+STEP_BUDGET_ERROR = "Error: step budget exhausted: give the final answer now"
+_JSON_TYPES: dict[str, Any] = {
+    "string": str,
+    "number": float,
+    "integer": int,
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+_RESERVED = ("reset", "get_reward")
+
+
+class ToolEnvironment:
+    """One rollout's episode in a ToolEnv. Subclasses (see environment_class) add one public
+    method per tool; only `reset` and the tool methods are public, because TRL turns every public
+    method into a tool."""
+
+    toolbox_name: str = ""
+
+    def __init__(self, tool_env: Any) -> None:
+        self._tool_env = tool_env
+        self._state: Any = None
+
+    def reset(self, task_json: str = "", **_: Any) -> None:
+        """Start the episode of the row's task (TRL passes the dataset row as keyword arguments)."""
+        if not task_json:
+            raise ValueError("GRPO rows need a 'task_json' column (Task.model_dump_json()) for the environment")
+        task = Task.model_validate_json(task_json)
+        if task.toolbox != self.toolbox_name:
+            raise ValueError(
+                f"task {task.id} uses toolbox {task.toolbox!r} but was routed to the {self.toolbox_name!r} environment"
+            )
+        self._state = self._tool_env.reset(task)
+        return None
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run one tool call as one ToolEnv step; the observation text is the tool turn."""
+        if self._state is None:
+            raise RuntimeError("environment used before reset()")
+        if self._state.done:
+            return STEP_BUDGET_ERROR
+        from dataengine.parsing import render_tool_calls
+
+        call = ToolCall(name=name, arguments=dict(arguments))
+        outcome = self._tool_env.step(self._state, Action(text=render_tool_calls([call]), tool_calls=[call]))
+        self._state = outcome.state
+        return "\n".join(m.content for m in outcome.observations)
+
+    def _episode(self, final_text: str | None) -> Episode:
+        """The episode so far, closed by `final_text` (the last assistant reply without a tool call)
+        when given; without it the episode stays unfinished (the rollout ran out of budget)."""
+        if self._state is None:
+            raise RuntimeError("environment used before reset()")
+        state = self._state
+        if final_text is not None and not state.done:
+            state = self._tool_env.step(state, final_text).state
+        return state.episode()
+
+
+def environment_class(toolbox: Toolbox) -> type:
+    """A ToolEnvironment subclass with one method per tool of `toolbox`, each with the tool's
+    signature and docstring so TRL renders the same JSON schema the task shows."""
+    namespace: dict[str, Any] = {"toolbox_name": toolbox.name}
+    for tool in toolbox.tools.values():
+        if tool.name in _RESERVED or tool.name.startswith("_"):
+            raise ValueError(f"toolbox {toolbox.name!r}: tool name {tool.name!r} clashes with the TRL environment API")
+        namespace[tool.name] = tool_method(tool)
+    safe = "".join(ch if ch.isalnum() else "_" for ch in toolbox.name)
+    return type(f"ToolEnvironment_{safe}", (ToolEnvironment,), namespace)
+
+
+def tool_method(tool: Tool) -> Callable[..., str]:
+    """A method forwarding `tool` calls to ToolEnvironment._call, carrying a signature, type hints
+    and docstring from which transformers.utils.get_json_schema rebuilds `tool.spec`."""
+    name = tool.name
+
+    def method(self: ToolEnvironment, **arguments: Any) -> str:
+        return self._call(name, arguments)
+
+    method.__name__ = name
+    method.__qualname__ = name
+    try:
+        _copy_signature(method, tool)
+        if not _schema_matches(method, tool):
+            _synthesise_signature(method, tool)
+    except Exception:  # a callable whose hints cannot be resolved: describe it from the spec
+        _synthesise_signature(method, tool)
+    if not _schema_matches(method, tool):
+        log.warning("tool %s: the schema TRL renders differs from the task's spec", name)
+    return method
+
+
+def _copy_signature(method: Any, tool: Tool) -> None:
+    """Signature, resolved hints and docstring of the tool's own function, minus `state`."""
+    sig = inspect.signature(tool.fn)
+    params = list(sig.parameters.values())
+    if tool.stateful:
+        params = params[1:]
+    hints = typing.get_type_hints(tool.fn)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in params]
+    method.__signature__ = inspect.Signature([self_param, *params])
+    method.__annotations__ = {p.name: hints[p.name] for p in params if p.name in hints}
+    method.__doc__ = inspect.getdoc(tool.fn)
+
+
+def _synthesise_signature(method: Any, tool: Tool) -> None:
+    """Signature and Google docstring written from the JSON schema (tools not built from a typed
+    function, e.g. external suites). Nested item schemas are not reproduced."""
+    props = tool.spec.parameters.get("properties", {})
+    required = set(tool.spec.parameters.get("required", []))
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {}
+    lines = [tool.spec.description or tool.name, "", "Args:"]
+    for pname, prop in props.items():
+        json_type = prop.get("type", "string")
+        json_type = json_type[0] if isinstance(json_type, list) else json_type
+        hint = _JSON_TYPES.get(json_type, str)
+        if pname not in required:
+            hint = typing.Optional[hint]
+        annotations[pname] = hint
+        params.append(
+            inspect.Parameter(
+                pname,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=inspect.Parameter.empty if pname in required else None,
+                annotation=hint,
+            )
+        )
+        description = " ".join(str(prop.get("description") or pname).split())
+        if "enum" in prop:
+            import json
+
+            description += f" (choices: {json.dumps(prop['enum'])})"
+        lines.append(f"    {pname}: {description}")
+    # Parameters with defaults must follow the required ones in a Python signature.
+    params = [params[0]] + sorted(params[1:], key=lambda p: p.default is not inspect.Parameter.empty)
+    method.__signature__ = inspect.Signature(params)
+    method.__annotations__ = annotations
+    method.__doc__ = "\n".join(lines if props else lines[:1])
+
+
+def _schema_matches(method: Any, tool: Tool) -> bool:
+    from transformers.utils import get_json_schema
+
+    try:
+        schema = get_json_schema(method)
+    except Exception:
+        return False
+    schema = schema.get("function", schema)  # transformers 5 wraps it as {"type": "function", "function": {...}}
+    want = tool.spec.to_openai()["function"]
+    return schema.get("description") == want["description"] and schema.get("parameters") == want["parameters"]
+
+
+def environment_factories(toolbox_names: list[str], tool_env: Any) -> dict[str, Callable[[], ToolEnvironment]]:
+    """{toolbox name: factory} for GRPOTrainer(environment_factory=...); every instance shares
+    `tool_env` (and its Sandbox), each keeps its own episode state."""
+    factories: dict[str, Callable[[], ToolEnvironment]] = {}
+    for name in sorted(set(toolbox_names)):
+        cls = environment_class(get_toolbox(name))
+        factories[name] = lambda cls=cls: cls(tool_env)
+    return factories
+
+
+def final_reply(completion: list[dict[str, Any]]) -> str | None:
+    """The final answer text of a rollout: the last assistant message when it made no tool call
+    (TRL's parsed completion: assistant and tool messages), else None (the rollout was cut)."""
+    if not completion:
+        return None
+    last = completion[-1]
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    return last.get("content") or ""

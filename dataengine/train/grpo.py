@@ -1,0 +1,190 @@
+"""Online GRPO with tools executing during rollouts (TRL GRPOTrainer + environment_factory).
+
+Reads prompt rows {"prompt", "tools", "task_id", "task_json"} (see dataengine.train.data). For
+each prompt TRL samples `num_generations` rollouts; whenever the model writes
+`<tool_call>{...}</tool_call>` the call runs in our sandboxed ToolEnv (dataengine.train.
+environment) and the result comes back as a tool turn, up to `max_tool_calls` times. Tool-result
+tokens are masked out of the loss (TRL's tool_mask). The reward is our CompositeReward on the
+rebuilt Episode, so training optimises the same verifiers search used.
+
+Zero-variance groups: offline, `drop_zero_variance` removes prompts whose logged p_success is 0 or
+1 (load_training_data); online, a group whose rollouts all get the same reward has advantage 0 in
+TRL (scale_rewards="group") and contributes no policy gradient; the share is logged as
+`frac_reward_zero_std`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dataengine.train.base import TrainConfig, train_metrics
+from dataengine.train.checkpoint import CheckpointInfo, parent_model_id, register_checkpoint, save_checkpoint
+from dataengine.train.data import TrainingData, as_training_data
+from dataengine.train.environment import environment_factories, final_reply
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GRPOTrainConfig(TrainConfig):
+    """Settings of train_grpo (TRL GRPOConfig underneath). batch_size counts completions, so it
+    must be a multiple of num_generations."""
+
+    learning_rate: float = field(default=1e-6, metadata={"help": "Peak AdamW learning rate."})
+    batch_size: int = field(default=4, metadata={"help": "Completions per device per micro-step."})
+    num_generations: int = field(default=4, metadata={"help": "Rollouts per prompt (the GRPO group size)."})
+    max_completion_length: int = field(
+        default=128, metadata={"help": "Token budget of a whole rollout (model and tool tokens together)."}
+    )
+    max_tool_calls: int = field(default=4, metadata={"help": "Tool-calling rounds per rollout."})
+    max_episode_steps: int = field(default=8, metadata={"help": "ToolEnv step budget per episode."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the rollouts."})
+    beta: float = field(default=0.0, metadata={"help": "KL penalty to the starting model (0: no reference model)."})
+    loss_type: str = field(default="dapo", metadata={"help": "TRL GRPO loss: grpo, dapo, dr_grpo, bnpo, ..."})
+    scale_rewards: str = field(default="group", metadata={"help": "Advantage scaling: group, batch or none."})
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Leave rollouts cut by the token budget out of the loss."}
+    )
+    use_vllm: bool = field(default=False, metadata={"help": "Generate with vLLM (GPU; colocate mode)."})
+    sandbox_workers: int = field(default=2, metadata={"help": "Sandbox worker processes executing tools."})
+    tool_timeout_s: float = field(default=5.0, metadata={"help": "Wall-clock limit of one tool call."})
+
+    def validate(self) -> None:
+        super().validate()
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (GRPO compares rollouts in a group), got {self.num_generations}")
+        if (self.batch_size * self.gradient_accumulation_steps) % self.num_generations:
+            raise ValueError(
+                f"batch_size * gradient_accumulation_steps ({self.batch_size * self.gradient_accumulation_steps}) "
+                f"must be a multiple of num_generations ({self.num_generations})"
+            )
+        if self.max_completion_length < 8:
+            raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
+
+
+def verifier_reward(composite: Any) -> Callable[..., list[float]]:
+    """A TRL reward function: rebuild each rollout's Episode from its environment and score it
+    with `composite` (a CompositeReward). Logs the success rate and the tool-call count."""
+
+    def reward(prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **kwargs: Any) -> list[float]:
+        if environments is None:
+            raise RuntimeError("verifier_reward needs GRPOTrainer(environment_factory=...) environments")
+        rewards, successes, calls = [], [], []
+        for completion, environment in zip(completions, environments, strict=True):
+            episode = environment._episode(final_reply(completion))
+            result = composite.score(episode)
+            rewards.append(float(result.reward))
+            successes.append(float(result.success))
+            calls.append(float(len(episode.calls)))
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None and rewards:
+            log_metric("verifier/success_rate", sum(successes) / len(successes))
+            log_metric("verifier/tool_calls_per_rollout", sum(calls) / len(calls))
+        return rewards
+
+    reward.__name__ = "verifier_reward"
+    return reward
+
+
+def _with_environment_column(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Add TRL's routing column "environment" (the task's toolbox) to every row."""
+    out, toolboxes = [], []
+    for row in rows:
+        toolbox = json.loads(row["task_json"]).get("toolbox")
+        if not toolbox:
+            raise ValueError(f"task {row.get('task_id')}: task_json has no toolbox")
+        toolboxes.append(toolbox)
+        out.append({**row, "environment": toolbox})
+    return out, toolboxes
+
+
+def build_grpo_trainer(
+    config: GRPOTrainConfig, data: TrainingData, tool_env: Any, composite: Any
+) -> tuple[Any, Any, Any]:
+    """(trainer, model, tokenizer) ready to train, rolling out through `tool_env`."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from dataengine.models import load_model
+
+    config.validate()
+    rows, toolboxes = _with_environment_column(data.rows)
+    model, tokenizer = load_model(config.init, device=config.model_device())
+    model.train()
+    # GRPOTrainer generates from left-padded prompts; train_grpo restores the side before saving.
+    tokenizer._dataengine_padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    kwargs = config.trl_kwargs()
+    args = GRPOConfig(
+        **kwargs,
+        num_generations=config.num_generations,
+        max_completion_length=config.max_completion_length,
+        max_tool_calling_iterations=config.max_tool_calls,
+        temperature=config.temperature,
+        beta=config.beta,
+        loss_type=config.loss_type,
+        scale_rewards=config.scale_rewards,
+        mask_truncated_completions=config.mask_truncated_completions,
+        use_vllm=config.use_vllm,
+    )
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[verifier_reward(composite)],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=config.peft_config(),
+        environment_factory=environment_factories(toolboxes, tool_env),
+    )
+    return trainer, model, tokenizer
+
+
+def train_grpo(
+    config: GRPOTrainConfig,
+    dataset: Any,
+    store: Any = None,
+    *,
+    composite: Any = None,
+) -> CheckpointInfo:
+    """Run online GRPO and write a checkpoint to config.out_dir; register it in `store` when given.
+
+    dataset: TrainingData (from load_training_data("prompt", ...)), a datasets.Dataset, a list of
+        prompt rows, or a path to an exported replay set.
+    composite: the reward (default: CompositeReward() with ToolEnv.replay for end states).
+    """
+    from dataengine.env import ToolEnv
+    from dataengine.tools.sandbox import Sandbox
+    from dataengine.verifiers import CompositeReward
+
+    data = as_training_data("prompt", dataset)
+    with Sandbox(workers=config.sandbox_workers, timeout_s=config.tool_timeout_s) as sandbox:
+        tool_env = ToolEnv(sandbox, max_steps=config.max_episode_steps)
+        reward = composite if composite is not None else CompositeReward(replay=tool_env.replay)
+        trainer, model, tokenizer = build_grpo_trainer(config, data, tool_env, reward)
+        parent = parent_model_id(config.init, model)
+        output = trainer.train()
+    tokenizer.padding_side = getattr(tokenizer, "_dataengine_padding_side", tokenizer.padding_side)
+    metrics = train_metrics(output, trainer, rows=len(data))
+    for key in ("reward", "verifier/success_rate", "frac_reward_zero_std", "tools/call_frequency"):
+        values = [entry[key] for entry in trainer.state.log_history if key in entry]
+        if values:
+            metrics[f"mean_{key}"] = sum(values) / len(values)
+    info = save_checkpoint(
+        trainer.model,
+        tokenizer,
+        config.out_dir,
+        kind="grpo",
+        parent_id=parent,
+        config=config.to_dict(),
+        dataset_versions=data.versions,
+        metrics=metrics,
+    )
+    if store is not None:
+        register_checkpoint(store, info, run_id=config.run_id)
+    log.info("grpo checkpoint %s at %s", info.model_id, info.path)
+    return info
