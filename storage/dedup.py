@@ -141,6 +141,7 @@ def near_duplicate_mask(
     *,
     threshold: float = THRESHOLD,
     max_neighbours: int = MAX_NEIGHBOURS,
+    small_group: int = SMALL_GROUP,
 ) -> np.ndarray:
     """Bool `[N]`: True for rows to keep.
 
@@ -148,6 +149,7 @@ def near_duplicate_mask(
     groups: optional `[N]` labels; only rows of the same group are compared.
     threshold: cosine at or above which a later row duplicates an earlier kept one.
     max_neighbours: k of the k-NN search per row.
+    small_group: groups up to this size are compared all-pairs with numpy instead of faiss.
     """
     import faiss
 
@@ -165,7 +167,7 @@ def near_duplicate_mask(
     use_gpu = _gpu_count(faiss) > 0
     for ix in members:
         x = vectors[ix]
-        if len(ix) <= SMALL_GROUP:
+        if len(ix) <= small_group:
             # All pairs of a small group: one matrix product beats building an index per group.
             sims = x @ x.T
             close = np.tril(sims >= threshold, k=-1)

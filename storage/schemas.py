@@ -79,7 +79,8 @@ class TableSpec:
         lines.append("| column | type | null | meaning |")
         lines.append("|---|---|---|---|")
         for c in self.columns:
-            lines.append(f"| {c.name} | {c.type} | {'yes' if c.nullable else 'no'} | {c.doc} |")
+            doc = c.doc.replace("|", "\\|")
+            lines.append(f"| {c.name} | {c.type} | {'yes' if c.nullable else 'no'} | {doc} |")
         return "\n".join(lines)
 
 

@@ -488,14 +488,27 @@ class Store:
             except StoreError as exc:
                 broken[name] = str(exc)
         try:
-            return ctx.execute(query, eager=False)
+            frame = ctx.execute(query, eager=False)
+            # Resolving the schema checks table and column names now, not at collect time.
+            frame.collect_schema()
+            return frame
         except Exception as exc:  # noqa: BLE001 - Polars raises several SQL error types
             for name, reason in broken.items():
                 if name in query:
                     raise StoreError(f"query names table {name!r}, which is unreadable: {reason}") from exc
-            missing = [t for t in TABLES if t not in self.tables() and t in query]
+            written = self.tables()
+            missing = [t for t in TABLES if t not in written and t in query]
             hint = f" (tables not written yet: {', '.join(missing)})" if missing else ""
-            raise StoreError(f"query failed: {exc}{hint}; tables: {', '.join(self.tables()) or 'none'}") from exc
+            raise StoreError(f"query failed: {exc}{hint}; tables written: {', '.join(written) or 'none'}") from exc
+
+    def vacuum(self, table: str, *, retention_hours: int = 1, dry_run: bool = False) -> list[str]:
+        """Delete data files no version references and older than `retention_hours` (files
+        left by killed writers, or replaced shards); return their paths. Versions older than
+        the retention can no longer be read afterwards."""
+        dt = self._delta(table)
+        return dt.vacuum(
+            retention_hours=int(retention_hours), dry_run=dry_run, enforce_retention_duration=False, full=True
+        )
 
     def history(self, table: str) -> list[dict[str, Any]]:
         """The Delta commit history of `table`, newest first."""

@@ -1,0 +1,227 @@
+"""`dataengine query`, `dataengine export` and `dataengine store ...`: the trajectory store."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+DEFAULT_STORE = os.environ.get("DATAENGINE_STORE", "runs/store")
+STORE_HELP = "Store root folder (default: $DATAENGINE_STORE or runs/store)."
+
+
+class QueryFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+class ExportKind(str, Enum):
+    pairs = "pairs"
+    sft = "sft"
+    replay = "replay"
+
+
+class ExportFormat(str, Enum):
+    parquet = "parquet"
+    jsonl = "jsonl"
+    hf = "hf"
+
+
+class DedupMode(str, Enum):
+    none = "none"
+    exact = "exact"
+    near = "near"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=1)
+
+
+def _open(store: Path):
+    from storage import Store, StoreError
+
+    try:
+        return Store(store, create=False)
+    except StoreError as exc:
+        _fail(str(exc))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("query")
+    def query_command(
+        sql: str = typer.Argument(..., help='SQL over the store tables, e.g. "SELECT suite, avg(reward) FROM trajectories GROUP BY suite".'),
+        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
+        format: QueryFormat = typer.Option(QueryFormat.table, "--format", help="Output format."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout (required for parquet)."),
+        limit: int = typer.Option(50, "--max-rows", help="Rows shown by --format table."),
+    ) -> None:
+        """Run SQL (Polars SQLContext) with every written table registered by name."""
+        import polars as pl
+
+        from storage import StoreError
+
+        opened = _open(store)
+        try:
+            frame = opened.sql(sql).collect()
+        except StoreError as exc:
+            _fail(str(exc))
+        except pl.exceptions.PolarsError as exc:
+            _fail(f"query failed: {exc}")
+        if format is QueryFormat.parquet:
+            if out is None:
+                _fail("--format parquet needs --out PATH")
+            frame.write_parquet(out)
+        elif format is QueryFormat.csv:
+            text = frame.write_csv()
+            out.write_text(text) if out else sys.stdout.write(text)
+        elif format is QueryFormat.json:
+            text = json.dumps(frame.to_dicts(), default=str, indent=1) + "\n"
+            out.write_text(text) if out else sys.stdout.write(text)
+        else:
+            with pl.Config(tbl_rows=limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+                text = f"{frame}\n"
+            out.write_text(text) if out else sys.stdout.write(text)
+
+    @app.command("export")
+    def export_command(
+        kind: ExportKind = typer.Argument(..., help="pairs (DPO), sft (SFT) or replay (GRPO prompts)."),
+        out: Path = typer.Option(..., "--out", help="Output file (parquet, jsonl) or folder (hf)."),
+        format: ExportFormat = typer.Option(ExportFormat.parquet, "--format", help="parquet, jsonl or hf (datasets save_to_disk)."),
+        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
+        run_id: list[str] = typer.Option([], "--run-id", help="Keep rows of these runs (repeatable)."),
+        suite: list[str] = typer.Option([], "--suite", help="Keep rows of these suites (repeatable)."),
+        task_id: list[str] = typer.Option([], "--task-id", help="Keep rows of these tasks (repeatable)."),
+        row_kind: list[str] = typer.Option([], "--kind", help="pairs: step|trajectory; sft: rs|recovery (repeatable)."),
+        min_margin: Optional[float] = typer.Option(None, "--min-margin", help="pairs: margin >= this."),
+        min_score: Optional[float] = typer.Option(None, "--min-score", help="sft: score >= this."),
+        min_p_success: Optional[float] = typer.Option(None, "--min-p-success", help="replay: p_success >= this."),
+        max_p_success: Optional[float] = typer.Option(None, "--max-p-success", help="replay: p_success <= this."),
+        where: Optional[str] = typer.Option(None, "--where", help="SQL boolean expression over the source table."),
+        limit: Optional[int] = typer.Option(None, "--limit", min=0, help="At most this many rows before dedup."),
+        version: Optional[int] = typer.Option(None, "--version", help="Read this Delta version of the source table."),
+        dedup: DedupMode = typer.Option(DedupMode.exact, "--dedup", help="none, exact, or near (exact + embeddings)."),
+        near_threshold: float = typer.Option(0.95, "--near-threshold", help="Cosine at which rows are near duplicates."),
+        embedder: str = typer.Option("ngram", "--embedder", help="ngram (no download) or st:<sentence-transformers model>."),
+        include_logprobs: bool = typer.Option(False, "--include-logprobs", help="pairs: add ref_chosen_logps/ref_rejected_logps from the behaviour log-probs."),
+        record_run_id: Optional[str] = typer.Option(None, "--record-run-id", help="Also record the export as this run in the runs table."),
+    ) -> None:
+        """Export pairs, sft or replay rows in the dataset format TRL reads, with lineage."""
+        from storage import StoreError
+        from storage.export import ExportFilters, export, lineage_path
+
+        opened = _open(store)
+        filters = ExportFilters(
+            run_ids=run_id or None, suites=suite or None, task_ids=task_id or None, kinds=row_kind or None,
+            min_margin=min_margin, min_score=min_score, min_p_success=min_p_success,
+            max_p_success=max_p_success, where=where, limit=limit,
+        )
+        try:
+            result = export(
+                opened, kind.value, out, format=format.value, filters=filters,
+                versions={kind.value: version} if version is not None else None,
+                dedup=dedup.value, near_threshold=near_threshold, embedder=embedder,
+                include_logprobs=include_logprobs, record_run_id=record_run_id,
+            )
+        except (StoreError, ValueError, KeyError, ImportError) as exc:
+            _fail(str(exc))
+        d = result.dedup
+        typer.echo(
+            f"wrote {result.rows} {kind.value} rows to {out} ({format.value}); dedup removed "
+            f"{d['exact_removed']} exact and {d['near_removed']} near duplicates of {d['rows_in']}; "
+            f"source versions {result.source_versions}; lineage {lineage_path(out, format.value)}"
+        )
+
+    store_app = typer.Typer(help="The trajectory store: tables, schemas, checks, rebuilds.", no_args_is_help=True)
+
+    @store_app.command("info")
+    def info_command(store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP)) -> None:
+        """Tables, Delta versions, row and file counts."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from storage import TABLES, StoreError
+
+        opened = _open(store)
+        table = Table("table", "version", "rows", "files", "status")
+        for name in TABLES:
+            if not opened.has_table(name):
+                table.add_row(name, "-", "-", "-", "not written")
+                continue
+            try:
+                files = opened.data_files(name)
+                rows = sum(files.column("num_records").to_pylist()) if "num_records" in files.column_names else "?"
+                opened.check(name)
+                table.add_row(name, str(opened.version(name)), str(rows), str(files.num_rows), "ok")
+            except StoreError as exc:
+                table.add_row(name, "?", "?", "?", f"[red]{exc}[/red]")
+        Console().print(f"store {opened.root} (schema version {opened.schema_version})")
+        Console().print(table)
+
+    @store_app.command("check")
+    def check_command(
+        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
+        full: bool = typer.Option(False, "--full", help="Read every data file completely."),
+    ) -> None:
+        """Check every table's data files; exit 1 naming each damaged file."""
+        from storage import StoreError
+
+        opened = _open(store)
+        bad = 0
+        for name in opened.tables():
+            try:
+                opened.check(name, full=full)
+                typer.echo(f"{name}: ok")
+            except StoreError as exc:
+                bad += 1
+                typer.echo(f"{name}: {exc}", err=True)
+        if bad:
+            raise typer.Exit(code=1)
+
+    @store_app.command("schema")
+    def schema_command(table: Optional[str] = typer.Argument(None, help="One table (default: all).")) -> None:
+        """Print the columns of the store tables and what they hold."""
+        from storage.schemas import schema_doc, table_spec
+
+        try:
+            typer.echo(table_spec(table).doc() if table else schema_doc())
+        except KeyError as exc:
+            _fail(exc.args[0])
+
+    @store_app.command("reexport")
+    def reexport_command(
+        lineage: Path = typer.Argument(..., help="lineage.json written by an export."),
+        out: Path = typer.Option(..., "--out", help="Where to write the rebuilt export."),
+        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
+    ) -> None:
+        """Rebuild an export exactly from its lineage (same table versions, filters, dedup)."""
+        from storage import StoreError
+        from storage.export import reexport
+
+        opened = _open(store)
+        try:
+            result = reexport(opened, lineage, out)
+        except (StoreError, ValueError) as exc:
+            _fail(str(exc))
+        typer.echo(f"rebuilt {result.rows} rows to {out} from versions {result.source_versions}")
+
+    @store_app.command("vacuum")
+    def vacuum_command(
+        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
+        retention_hours: int = typer.Option(168, "--retention-hours", min=0, help="Keep files younger than this."),
+        dry_run: bool = typer.Option(True, "--dry-run/--delete", help="List only (default) or delete."),
+    ) -> None:
+        """Remove data files no table version needs (killed writers, replaced shards)."""
+        opened = _open(store)
+        for name in opened.tables():
+            files = opened.vacuum(name, retention_hours=retention_hours, dry_run=dry_run)
+            typer.echo(f"{name}: {len(files)} file(s) {'to delete' if dry_run else 'deleted'}")
+
+    app.add_typer(store_app, name="store")
