@@ -10,8 +10,9 @@ re-implemented here so the check needs no optional package:
 - strings are compared after removing spaces and `,./-_*^`, lower-casing, and ' -> ";
 - lists in order (string items normalised); dicts one level deep, keys optional via "";
 - several calls are matched to the gold calls without regard to order (first match wins).
-One deliberate difference: items of a typed array are always type-checked (int allowed for a
-float item); BFCL skips that check when "" is among the acceptable values.
+One deliberate difference: items of a typed array are always type-checked (an int is allowed
+for a float item; an item of the gold items' own type is allowed, as BFCL allows variables);
+BFCL skips that check when "" is among the acceptable values.
 """
 
 from __future__ import annotations
@@ -115,8 +116,10 @@ def check_value(param: str, value: Any, prop: dict[str, Any], acceptable: list[A
         item_name = _type_name(prop.get("items") or {})
         item_type = PYTHON_TYPES.get(item_name) if item_name else None
         if item_type is not None:
+            # as BFCL: items may instead have the type the gold's own items have (variables)
+            gold_item_types = {type(x) for a in acceptable if isinstance(a, list) for x in a}
             for item in value:
-                if type(item) is not item_type and not (item_type is float and type(item) is int):
+                if type(item) is not item_type and not (item_type is float and type(item) is int) and type(item) not in gold_item_types:
                     return CallCheck(
                         False,
                         f"nested type check failed for parameter {param!r}: items must be {item_name}",
