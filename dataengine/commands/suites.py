@@ -34,9 +34,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Generate train and held-out tasks of one suite and save them to --out."""
         from dataengine.suites import SUITE_MODULES, TaskFileError, generate_suite, save_tasks
+        from dataengine.suites.io import SUFFIXES
 
         if suite not in SUITE_MODULES:
             raise typer.BadParameter(f"unknown suite {suite!r}; known: {', '.join(SUITE_MODULES)}", param_hint="--suite")
+        if out.suffix.lower() not in SUFFIXES:
+            # checked before generating, so a typo costs nothing
+            raise typer.BadParameter(f"unknown task file suffix {out.suffix!r}; use one of {', '.join(SUFFIXES)}",
+                                     param_hint="--out")
         try:
             tasks = generate_suite(suite, n_train=train, n_heldout=heldout, seed=seed)
             path = save_tasks(tasks, out)
