@@ -1,0 +1,16 @@
+"""Policy backends: sample K candidate assistant turns per state, and score continuations.
+
+`make_policy(backend="hf", model="smollm2")` builds one; see dataengine.policy.base for the types.
+"""
+
+from dataengine.policy.base import (
+    STOP_STRINGS,
+    Conversation,
+    Policy,
+    PolicyStats,
+    Sample,
+    cut_at_stop,
+    make_policy,
+)
+
+__all__ = ["STOP_STRINGS", "Conversation", "Policy", "PolicyStats", "Sample", "cut_at_stop", "make_policy"]

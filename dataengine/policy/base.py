@@ -1,0 +1,194 @@
+"""The policy interface: sample K candidate actions per state, and score given continuations.
+
+A state is a `Conversation` (the message list plus the tools shown to the model). A backend
+renders it with the tokenizer's chat template (dataengine.chat_template), samples the assistant
+turn and stops at the end of the turn (`<|im_end|>` / eos) or at a hallucinated
+`<tool_response>` (the model writing the tool's answer itself).
+
+Log-probs are under the model's own distribution (temperature 1, no top-p), the same numbers
+`score` returns, so a sample's log-prob can serve as the behaviour / reference log-prob in DPO.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+from dataengine.types import Message, Task, ToolSpec
+
+# Text the model must not write in its own turn; generation is cut where it starts.
+STOP_STRINGS = ("<tool_response>",)
+
+FinishReason = Literal["stop", "stop_string", "length"]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One state to act in: the messages so far and the tools the model may call."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+
+    def __init__(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()):
+        object.__setattr__(self, "messages", tuple(messages))
+        object.__setattr__(self, "tools", tuple(tools))
+        if not self.messages:
+            raise ValueError("Conversation needs at least one message")
+
+    @classmethod
+    def from_task(cls, task: Task) -> "Conversation":
+        return cls(task.messages, task.tools)
+
+    def chat(self) -> list[dict[str, Any]]:
+        """Messages in the dict form chat templates read."""
+        return [m.to_chat() for m in self.messages]
+
+    def openai_tools(self) -> list[dict[str, Any]] | None:
+        return [t.to_openai() for t in self.tools] or None
+
+    def extend(self, *messages: Message) -> "Conversation":
+        """The conversation with `messages` appended (the tools stay)."""
+        return Conversation(self.messages + tuple(messages), self.tools)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled (or scored) assistant turn.
+
+    text: the turn's text, without the end-of-turn token and cut before any stop string.
+    token_ids: `[num_tokens]` the generated token ids, including the end-of-turn token when the
+        turn ended with one (finish_reason "stop").
+    logprobs: `[num_tokens]` log-prob of each token under the model (temperature 1).
+    logprob: sum of `logprobs`.
+    num_tokens: len(token_ids).
+    finish_reason: "stop" (end-of-turn token), "stop_string" (cut at a stop string) or
+        "length" (hit max_new_tokens).
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    logprob: float
+    num_tokens: int
+    finish_reason: FinishReason
+
+    @property
+    def mean_logprob(self) -> float:
+        """Length-normalised log-prob (what priors are made from)."""
+        return self.logprob / max(1, self.num_tokens)
+
+
+@dataclass
+class PolicyStats:
+    """Counters for budget accounting and benchmarks; they only grow (see `reset`).
+
+    prefill_tokens: prompt tokens run through the model (cache hits are not counted).
+    cached_tokens: prompt tokens whose keys/values came from the prefix cache instead.
+    generated_tokens: sampled tokens (every row, every step until it stopped).
+    scored_tokens: continuation tokens run through the model by `score`.
+    """
+
+    calls: int = 0
+    sequences: int = 0
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    scored_tokens: int = 0
+    seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        for name in ("calls", "sequences", "prefill_tokens", "cached_tokens", "generated_tokens", "scored_tokens"):
+            setattr(self, name, 0)
+        self.seconds = 0.0
+        self.extra.clear()
+
+    def as_dict(self) -> dict[str, float]:
+        out = {
+            name: getattr(self, name)
+            for name in ("calls", "sequences", "prefill_tokens", "cached_tokens", "generated_tokens", "scored_tokens", "seconds")
+        }
+        out.update(self.extra)
+        return out
+
+
+class Policy(ABC):
+    """A sampler of assistant turns. Subclasses: HFPolicy (transformers), VLLMPolicy (vLLM)."""
+
+    model_id: str
+    stats: PolicyStats
+
+    @abstractmethod
+    def sample(
+        self,
+        convs: Sequence[Conversation],
+        k: int,
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[Sample]]:
+        """K samples for each conversation: `[len(convs)][k]`. Same seed and inputs, same samples."""
+
+    @abstractmethod
+    def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:
+        """Log-probs of `continuations[i]` as the assistant turn after `convs[i]`.
+
+        end_turn: also score the end-of-turn token (the probability that the turn ends there).
+        """
+
+    def render(self, conv: Conversation) -> str:
+        """The prompt text the model sees for `conv` (ends with the assistant header)."""
+        return self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            conv.chat(), tools=conv.openai_tools(), tokenize=False, add_generation_prompt=True
+        )
+
+
+def cut_at_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> tuple[str, bool]:
+    """`text` cut before the first stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+def check_sampling_args(k: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    if k < 1:
+        raise ValueError(f"k must be >= 1 samples per state, got {k}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+class Timer:
+    """Adds the wall time of a `with` block to `stats.seconds`."""
+
+    def __init__(self, stats: PolicyStats):
+        self.stats = stats
+
+    def __enter__(self) -> "Timer":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stats.seconds += time.perf_counter() - self.start
+
+
+def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "cpu", **options: Any) -> Policy:
+    """Build a policy. backend: "hf" (transformers) or "vllm"; model: "smollm2", "tiny" or a folder.
+
+    Extra options go to the backend (e.g. prefix_reuse=False, fewshot="..." for HFPolicy).
+    """
+    if backend == "hf":
+        from dataengine.policy.hf import HFPolicy
+
+        return HFPolicy.load(model, device=device, **options)
+    if backend == "vllm":
+        from dataengine.policy.vllm import VLLMPolicy
+
+        return VLLMPolicy.load(model, **options)
+    raise ValueError(f"unknown policy backend {backend!r}; choose 'hf' or 'vllm'")

@@ -1,0 +1,193 @@
+"""The `vllm` policy backend for GPUs: automatic prefix caching, n=K sampling, log-probs.
+
+Requests go to `vllm.LLM.generate` as token prompts (`{"prompt_token_ids": [...]}`), rendered
+with the same tool-aware chat template as the `hf` backend, so both backends see identical
+prompts. vLLM's automatic prefix caching (`enable_prefix_caching=True`) plays the role of our
+PrefixCache. Mapping, per vLLM's documented API:
+
+- sample: `SamplingParams(n=k, temperature, top_p, max_tokens, seed, logprobs=0, stop=[stop
+  strings], stop_token_ids=[end-of-turn ids], skip_special_tokens=False)`; each
+  `CompletionOutput` gives text, token_ids, logprobs (one {token_id: Logprob} dict per token),
+  finish_reason ("stop"/"length") and stop_reason (a stop string, a token id, or None for eos).
+- score: prompt = prompt ids + continuation ids, `SamplingParams(max_tokens=1,
+  prompt_logprobs=0)`; `RequestOutput.prompt_logprobs` gives each prompt token's log-prob.
+
+Not yet run on a GPU: vLLM does not install on the CPU build machine, so the tests drive this
+class with a stand-in engine that follows the documented output types.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from dataengine.policy.base import (
+    STOP_STRINGS,
+    Conversation,
+    Policy,
+    PolicyStats,
+    Sample,
+    Timer,
+    check_sampling_args,
+    cut_at_stop,
+)
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            "the 'vllm' policy backend needs vLLM, which is not installed. On a CUDA machine run "
+            "`pip install vllm` (or `pip install dataengine[gpu]`); on CPU use backend='hf'."
+        ) from exc
+    return vllm
+
+
+class VLLMPolicy(Policy):
+    """Policy over a vLLM engine (`vllm.LLM` or any object with the same `generate`).
+
+    engine: the engine; tokenizer: the Hugging Face tokenizer with the tool-aware template;
+    sampling_params_cls: `vllm.SamplingParams` (injectable so the mapping can be tested).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        sampling_params_cls: Any = None,
+        stop_strings: Sequence[str] = STOP_STRINGS,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.stats = PolicyStats()
+        self.stop_strings = tuple(stop_strings)
+        self.sampling_params_cls = sampling_params_cls or _import_vllm().SamplingParams
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids = [t for t in (im_end, tokenizer.eos_token_id) if isinstance(t, int) and t != tokenizer.unk_token_id]
+        self.eos_ids = list(dict.fromkeys(ids))
+        if not self.eos_ids:
+            raise ValueError("tokenizer has no end-of-turn token (<|im_end|> or eos)")
+
+    @classmethod
+    def load(
+        cls,
+        model: str = "smollm2",
+        *,
+        gpu_memory_utilization: float = 0.5,
+        dtype: str = "auto",
+        seed: int = 0,
+        **engine_options: Any,
+    ) -> "VLLMPolicy":
+        """Start a vLLM engine on `model` ("smollm2", "tiny" or a Hugging Face folder) with
+        automatic prefix caching on. The converted SmolLM2 folder is what vLLM loads."""
+        vllm = _import_vllm()
+        from dataengine.chat_template import install_tool_template
+        from dataengine.models import _smollm2_folder, _tiny_folder, checkpoint_hash
+
+        folder = {"smollm2": _smollm2_folder, "tiny": _tiny_folder}.get(model, lambda: model)()
+        from transformers import AutoTokenizer
+
+        tokenizer = install_tool_template(AutoTokenizer.from_pretrained(folder))
+        engine = vllm.LLM(
+            model=str(folder),
+            enable_prefix_caching=True,
+            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype,
+            seed=seed,
+            **engine_options,
+        )
+        from pathlib import Path
+
+        return cls(engine, tokenizer, model_id=f"{Path(str(folder)).name}@{checkpoint_hash(folder)}", sampling_params_cls=vllm.SamplingParams)
+
+    def encode(self, conv: Conversation) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            conv.chat(), tools=conv.openai_tools(), tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+    def sample(
+        self,
+        convs: Sequence[Conversation],
+        k: int,
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[Sample]]:
+        check_sampling_args(k, max_new_tokens, temperature, top_p)
+        if not convs:
+            return []
+        with Timer(self.stats):
+            prompts = [self.encode(c) for c in convs]
+            params = [
+                self.sampling_params_cls(
+                    n=k,
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_tokens=max_new_tokens,
+                    # One seed per request so a state's samples do not depend on its batch position.
+                    seed=(seed * 1_000_003 + i) % (2**31),
+                    logprobs=0,
+                    stop=list(self.stop_strings),
+                    stop_token_ids=self.eos_ids,
+                    skip_special_tokens=False,
+                )
+                for i in range(len(prompts))
+            ]
+            outputs = self.engine.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            result = [[self._to_sample(o) for o in request.outputs] for request in outputs]
+            self.stats.calls += 1
+            self.stats.sequences += len(convs) * k
+            self.stats.prefill_tokens += sum(len(p) for p in prompts)
+            self.stats.generated_tokens += sum(s.num_tokens for row in result for s in row)
+        return result
+
+    def _to_sample(self, out: Any) -> Sample:
+        token_ids = list(out.token_ids)
+        logprobs = [float(step[tid].logprob) for step, tid in zip(out.logprobs or [], token_ids)]
+        if len(logprobs) != len(token_ids):
+            raise ValueError("vLLM output lacks per-token log-probs; the request must set logprobs=0")
+        text = out.text
+        if out.finish_reason == "length":
+            reason = "length"
+        elif isinstance(out.stop_reason, str):
+            reason = "stop_string"
+            text, _ = cut_at_stop(text, self.stop_strings)
+        else:
+            reason = "stop"
+            # vLLM leaves the stop token in token_ids; its text may or may not be in `text`.
+            for end in self.eos_ids:
+                token = self.tokenizer.convert_ids_to_tokens(end)
+                if token and text.endswith(token):
+                    text = text[: -len(token)]
+        return Sample(text, tuple(token_ids), tuple(logprobs), float(sum(logprobs)), len(token_ids), reason)  # type: ignore[arg-type]
+
+    def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:
+        if len(convs) != len(continuations):
+            raise ValueError(f"score needs one continuation per conversation: {len(convs)} != {len(continuations)}")
+        if not convs:
+            return []
+        with Timer(self.stats):
+            prompts, targets = [], []
+            for conv, text in zip(convs, continuations):
+                ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+                targets.append(ids + [self.eos_ids[0]] if end_turn else ids)
+                prompts.append(self.encode(conv))
+            params = self.sampling_params_cls(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+            outputs = self.engine.generate(
+                [{"prompt_token_ids": p + t} for p, t in zip(prompts, targets)], params, use_tqdm=False
+            )
+            result = []
+            for p, t, text, request in zip(prompts, targets, continuations, outputs):
+                steps = request.prompt_logprobs[len(p) :]
+                lps = [float(step[tid].logprob) for step, tid in zip(steps, t)]
+                result.append(Sample(text, tuple(t), tuple(lps), float(sum(lps)), len(t), "stop" if end_turn else "length"))
+            self.stats.calls += 1
+            self.stats.prefill_tokens += sum(len(p) + len(t) for p, t in zip(prompts, targets))
+            self.stats.scored_tokens += sum(len(t) for t in targets)
+        return result
