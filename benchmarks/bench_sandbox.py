@@ -1,0 +1,103 @@
+"""Sandboxed tool calls per second against calling the tool in-process, measured in one run.
+
+    .venv/bin/python benchmarks/bench_sandbox.py            # default size (well under 2 min)
+    .venv/bin/python benchmarks/bench_sandbox.py --quick    # a few seconds
+
+Prints calls/s for a trivial tool (`add`) in-process, through `Sandbox.call` one at a time,
+and through `Sandbox.call_many` in batches; the same for a tool that waits 20 ms (what a
+real API or database tool looks like), where batches run in parallel across workers; and the
+worker start times (cold pool, and replacing a worker after a crash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dataengine.tools.registry import get_toolbox  # noqa: E402
+from dataengine.tools.sandbox import Sandbox  # noqa: E402
+from dataengine.types import ToolCall  # noqa: E402
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("inf")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny run (a few seconds)")
+    parser.add_argument("--workers", type=int, default=2, help="sandbox worker processes")
+    args = parser.parse_args()
+    n = 300 if args.quick else 3000
+    batch = 64
+    naps = 16 if args.quick else 64
+
+    add = get_toolbox("testing").tools["add"].fn
+    call = ToolCall(name="add", arguments={"a": 1, "b": 2})
+
+    start = time.perf_counter()
+    for _ in range(n * 10):
+        add(**call.arguments)
+    in_process = rate(n * 10, time.perf_counter() - start)
+
+    sleep = get_toolbox("testing").tools["sleep"].fn
+    start = time.perf_counter()
+    for _ in range(naps):
+        sleep(0.02)
+    nap_in_process = rate(naps, time.perf_counter() - start)
+
+    start = time.perf_counter()
+    sandbox = Sandbox(workers=args.workers)
+    sandbox.wait_ready()
+    cold_start = time.perf_counter() - start
+    with sandbox:
+        sandbox.call_many([("testing", call, None)] * args.workers * 2)  # toolbox import in every worker
+
+        start = time.perf_counter()
+        for _ in range(n):
+            sandbox.call("testing", call)
+        sequential = rate(n, time.perf_counter() - start)
+
+        start = time.perf_counter()
+        for _ in range(n // batch):
+            sandbox.call_many([("testing", call, None)] * batch)
+        batched = rate(n // batch * batch, time.perf_counter() - start)
+
+        nap = ToolCall(name="sleep", arguments={"seconds": 0.02})
+        start = time.perf_counter()
+        for _ in range(naps):
+            sandbox.call("testing", nap)
+        nap_sequential = rate(naps, time.perf_counter() - start)
+        start = time.perf_counter()
+        sandbox.call_many([("testing", nap, None)] * naps)
+        nap_batched = rate(naps, time.perf_counter() - start)
+
+        replace_times = []
+        for _ in range(3 if args.quick else 10):
+            start = time.perf_counter()
+            result, _ = sandbox.call("testing", ToolCall(name="hard_exit", arguments={"code": 1}))
+            assert result.status == "crash"
+            sandbox.wait_ready()
+            sandbox.call_many([("testing", call, None)] * args.workers * 2)
+            replace_times.append(time.perf_counter() - start)
+
+    print(f"workers={args.workers} n={n} batch={batch} (2-core machine shared with other jobs: noisy)")
+    print(f"{'tool add, in-process':34s} {in_process:12,.0f} calls/s  (baseline)")
+    print(f"{'tool add, Sandbox.call':34s} {sequential:12,.0f} calls/s  ratio {sequential / in_process:.5f}")
+    print(f"{'tool add, Sandbox.call_many':34s} {batched:12,.0f} calls/s  ratio {batched / in_process:.5f}"
+          f"  ({batched / sequential:.2f}x Sandbox.call)")
+    print(f"{'tool sleep 20 ms, in-process':34s} {nap_in_process:12,.1f} calls/s  (baseline)")
+    print(f"{'tool sleep 20 ms, Sandbox.call':34s} {nap_sequential:12,.1f} calls/s  ratio {nap_sequential / nap_in_process:.2f}")
+    print(f"{'tool sleep 20 ms, Sandbox.call_many':34s} {nap_batched:12,.1f} calls/s  ratio {nap_batched / nap_in_process:.2f}"
+          f"  ({nap_batched / nap_sequential:.2f}x Sandbox.call)")
+    print(f"cold start of the pool (fork server + {args.workers} workers): {cold_start:.2f} s")
+    print(f"crash -> replaced worker -> first call done: median {statistics.median(replace_times) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
