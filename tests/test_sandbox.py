@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -132,6 +134,19 @@ def test_optional_argument_may_be_left_out(sandbox):
 def test_network_is_refused(sandbox):
     result, _ = sandbox.call(BOX, tc("connect", host="127.0.0.1", port=9))
     assert result.status == "exception" and "network access is disabled" in result.error
+
+
+def _kernel_allows_network_namespaces() -> bool:
+    code = "import ctypes; import sys; sys.exit(ctypes.CDLL(None).unshare(0x10000000 | 0x40000000) != 0)"
+    return subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_worker_has_its_own_empty_network_namespace(sandbox):
+    if not _kernel_allows_network_namespaces():
+        pytest.skip("this kernel refuses unprivileged network namespaces (only the socket guard applies)")
+    assert sandbox.call(BOX, tc("network_interfaces"))[0].output == ["lo"]
+    result, _ = sandbox.call(BOX, tc("raw_connect", host="127.0.0.1", port=9))
+    assert result.status == "exception" and "Network is unreachable" in result.error  # even loopback is down
 
 
 def test_workers_are_reused():

@@ -124,6 +124,30 @@ def connect(host: str, port: int) -> str:
         return "connected"
 
 
+def network_interfaces() -> list:
+    """Names of the network interfaces this process can see (its network namespace)."""
+    with open("/proc/self/net/dev") as f:
+        return sorted(line.split(":")[0].strip() for line in f.readlines()[2:])
+
+
+def raw_connect(host: str, port: int) -> str:
+    """Open a TCP connection through the C-level `_socket` module, past Python-level guards.
+
+    Args:
+        host: IPv4 address.
+        port: TCP port.
+    """
+    import _socket
+
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        s.settimeout(2)
+        s.connect((host, port))
+        return "connected"
+    finally:
+        s.close()
+
+
 def whoami() -> int:
     """Return the worker's process id (to check that workers are reused)."""
     return os.getpid()
@@ -191,7 +215,7 @@ def push_then_fail(state: dict, item: str) -> None:
 
 TOOLS = [
     add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
-    not_json, lucky_number, connect, whoami, nap, imported, shout, push, pop, push_then_fail,
+    not_json, lucky_number, connect, network_interfaces, raw_connect, whoami, nap, imported, shout, push, pop, push_then_fail,
 ]
 
 TOOLBOX = register_toolbox(
