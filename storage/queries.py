@@ -51,7 +51,7 @@ def verifier_pass_rates(store: Store, *, table: str = "trajectories", by: Sequen
     """Pass rate of every verifier (verdicts exploded), per verifier name and version.
 
     Columns: the `by` columns, `verifier`, `version`, `verdicts` (u32: rows with that verdict),
-    `applicable` (u32: passed not null), `passed` (u32), `pass_rate` (f64 over applicable),
+    `applicable` (u32: passed not null), `passed` (u32), `pass_rate` (f64 over applicable; null when none applies),
     `mean_score` (f64), `mean_confidence` (f64).
     """
     if table not in ("trajectories", "nodes"):
@@ -75,7 +75,9 @@ def verifier_pass_rates(store: Store, *, table: str = "trajectories", by: Sequen
             mean_score=pl.col("score").mean(),
             mean_confidence=pl.col("confidence").mean(),
         )
-        .with_columns(pass_rate=pl.col("passed") / pl.col("applicable"))
+        .with_columns(
+            pass_rate=pl.when(pl.col("applicable") > 0).then(pl.col("passed") / pl.col("applicable"))
+        )
         .sort(keys)
     )
 
