@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -235,3 +238,15 @@ def test_extra_modules_are_imported_by_workers():
     with Sandbox(workers=1, modules=["no_such_module_xyz"]) as sb:
         result, _ = sb.call("no_such_box", tc("add", a=1, b=2))
         assert result.status == "unknown_tool" and "no_such_module_xyz" in result.error
+
+
+def test_interrupted_call_many_leaves_no_stale_results():
+    with Sandbox(workers=1, timeout_s=5.0) as sb:
+        timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            sb.call(BOX, tc("nap", seconds=2))
+        timer.join()
+        # The interrupted nap's result must not be delivered to the next call.
+        assert sb.call(BOX, tc("add", a=1, b=2))[0].output == 3
+        assert sb.call(BOX, tc("echo", text="k"))[0].output == "k"

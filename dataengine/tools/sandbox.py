@@ -124,7 +124,15 @@ class Sandbox:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Sandbox is closed; create a new one")
-            self._run(checked, results)
+            try:
+                self._run(checked, results)
+            except BaseException:
+                # Interrupted (Ctrl-C, a broken pool): a busy worker would later deliver its
+                # result to the wrong call, so busy workers are replaced before re-raising.
+                for w in list(self._workers):
+                    if w.job is not None:
+                        self._replace(w)
+                raise
         return results  # type: ignore[return-value]
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
@@ -183,11 +191,11 @@ class Sandbox:
             timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
             ready = wait([w.conn for w in busy], timeout)
             for w in busy:
-                if w.conn in ready:
+                if w.conn in ready and not w.retired:
                     self._receive(w, items, results)
             now = time.monotonic()
             for w in busy:
-                if w.deadline <= now and (w.job is not None or not w.ready):
+                if not w.retired and w.deadline <= now and (w.job is not None or not w.ready):
                     self._expire(w, items, results)
 
     def _receive(self, w: "_Worker", items: list[CallItem], results: list[Any]) -> None:
@@ -205,7 +213,7 @@ class Sandbox:
             w.deadline = time.monotonic() + LOAD_TIMEOUT_S
         elif kind == "loaded":
             w.deadline = time.monotonic() + self.limits.timeout_s
-        elif kind == "result":
+        elif kind == "result" and w.job is not None:
             _, status, output_json, error, state_json, seconds = msg
             i = w.job
             toolbox, call, state = items[i]
@@ -234,6 +242,7 @@ class Sandbox:
             status, message = _death_status(code, self.limits)
             i = w.job
             results[i] = _failed(items[i], status, message, time.monotonic() - w.sent_at)
+            w.job = None
         self._replace(w)
 
     def _expire(self, w: "_Worker", items: list[CallItem], results: list[Any]) -> None:
@@ -247,11 +256,12 @@ class Sandbox:
             message = (f"tool {items[i][1].name!r} ran past the wall-clock limit of "
                        f"{self.limits.timeout_s:g} s; the worker was killed and replaced")
             results[i] = _failed(items[i], "timeout", message, time.monotonic() - w.sent_at)
-            w.kill()
+            w.job = None
         self._replace(w)
 
     def _replace(self, w: "_Worker") -> None:
         w.kill()
+        w.retired = True
         self._workers[self._workers.index(w)] = _Worker(self._ctx, self.limits, self.preload, self.modules)
 
 
@@ -302,6 +312,7 @@ class _Worker:
         self.sent_at = time.monotonic()
         self.deadline = self.sent_at + STARTUP_TIMEOUT_S
         self.send_error: str | None = None
+        self.retired = False  # replaced in the pool; its handle may still sit in a local list
 
     def send(self, index: int, item: CallItem) -> bool:
         toolbox, call, state = item
