@@ -17,7 +17,7 @@ from mcts.tree import ROOT_INDEX, UNVISITED, Tree, grow
 INACTIVE = 0  # the tree did not search in this slot (budget spent, root terminal)
 NEW = 1  # the path ends on an unexpanded edge (parent, action): expand it
 REVISIT = 2  # the path ends on an existing leaf that is never expanded (terminal or max depth)
-# A NEW path whose edge is already pending in this iteration, or that does not fit the tree.
+# The path found nothing to select (every action pending), or its new node does not fit.
 DROPPED = 3
 
 
@@ -72,8 +72,11 @@ def node_stats(tree: Tree, node_index: torch.Tensor, virtual_loss: VirtualLoss |
     )
     value = tree.node_values[rows, node_index]
     visits = tree.node_visits[rows, node_index].to(dtype)
+    invalid = torch.isneginf(logits)
     if virtual_loss is not None:
         pending = virtual_loss.edge_visits[rows, node_index]
+        # An unexpanded edge already chosen this iteration is blocked: L leaves stay distinct.
+        invalid = invalid | ((pending > 0) & (tree.children_index[rows, node_index] == UNVISITED))
         visited = counts > 0
         low = torch.minimum(value, torch.where(visited, q, value.unsqueeze(-1)).min(-1).values).unsqueeze(-1)
         total = counts + pending
@@ -88,7 +91,7 @@ def node_stats(tree: Tree, node_index: torch.Tensor, virtual_loss: VirtualLoss |
         prior_logits=logits,
         children_visits=counts,
         qvalues=q,
-        invalid=torch.isneginf(logits),
+        invalid=invalid,
     )
 
 
@@ -104,8 +107,9 @@ def select_path(
 ) -> SelectedPath:
     """Walk every active tree from the root to a leaf, choosing actions with the given rules.
 
-    The walk stops at an unexpanded edge (NEW) or at an existing leaf that is terminal or at
-    max_depth (REVISIT). active: `[B]` bool, trees that search in this slot.
+    The walk stops at an unexpanded edge (NEW), at an existing leaf that is terminal or at
+    max_depth (REVISIT), or at a node whose every action is invalid or pending (DROPPED).
+    active: `[B]` bool, trees that search in this slot.
     """
     b = tree.batch_size
     rows = torch.arange(b, device=tree.device)
@@ -121,6 +125,10 @@ def select_path(
         stats = node_stats(tree, node, virtual_loss)
         select = root_action_selection_fn if depth == 0 else interior_action_selection_fn
         chosen = select(stats, generator)
+        # Every action of the node is invalid or pending: nothing is left to select here.
+        stuck = running & stats.invalid.all(-1)
+        status = torch.where(stuck, DROPPED, status)
+        running = running & ~stuck
         child = tree.children_index[rows, node, chosen]
         nodes.append(node)
         actions.append(chosen)
@@ -276,8 +284,9 @@ def search(
     Each iteration selects up to `leaves_per_iteration` (L) paths per tree, each seeing the
     virtual loss of the earlier ones, expands all new leaves in one expand_fn call, then backs
     the L leaf values up in order. A path that reaches a terminal or max-depth leaf backs up
-    that leaf's value again without expanding. A path ending on an edge already pending in
-    the iteration is dropped and does not count.
+    that leaf's value again without expanding. An unexpanded edge chosen earlier in the
+    iteration cannot be chosen again, so the new leaves are distinct; a path that finds no
+    selectable action is dropped and does not count.
 
     max_depth: deepest node depth; nodes there are leaves (None: unbounded).
     max_nodes: node capacity; default grows the tree to fit every simulation. A tree that is

@@ -1,0 +1,253 @@
+"""Whole searches: invariants, determinism, virtual loss, masking, resume, export, devices."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+
+import mcts
+from mcts.base import ExpandOutput, RootInput
+from mcts.synthetic import SyntheticEnv
+
+POLICIES = [mcts.muzero_policy, mcts.uct_policy, mcts.gumbel_muzero_policy]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Small tensors: extra intra-op threads only contend on a shared machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def check_invariants(tree: mcts.Tree, num_simulations: int) -> None:
+    """Visit sums, value means and structure that every searched tree must satisfy."""
+    for b in range(tree.batch_size):
+        n = int(tree.num_nodes[b])
+        visits = tree.node_visits[b, :n].double()
+        child_visits = tree.children_visits[b, :n].double()
+        q = (tree.children_rewards[b, :n] + tree.children_discounts[b, :n] * tree.children_values[b, :n]).double()
+        assert int(tree.num_simulations[b]) == num_simulations
+        assert child_visits[0].sum().item() == num_simulations
+        # Unused slots stay free.
+        assert (tree.node_visits[b, n:] == 0).all() and (tree.parents[b, n:] == mcts.NO_PARENT).all()
+        for i in range(n):
+            parent, action = int(tree.parents[b, i]), int(tree.action_from_parent[b, i])
+            if i > 0:
+                assert int(tree.children_index[b, parent, action]) == i
+                assert child_visits[parent, action] == visits[i]
+                assert int(tree.depth[b, i]) == int(tree.depth[b, parent]) + 1
+            if child_visits[i].sum() > 0:
+                assert visits[i] == 1 + child_visits[i].sum()
+                # V(s) is the mean of the raw value and every return backed up through its edges.
+                mean = (tree.raw_values[b, i].double() + (child_visits[i] * q[i]).sum()) / visits[i]
+                assert tree.node_values[b, i].double().item() == pytest.approx(mean.item(), abs=1e-4)
+            else:
+                assert tree.node_values[b, i].item() == pytest.approx(tree.raw_values[b, i].item(), abs=1e-6)
+            # Invalid actions are never expanded.
+            invalid = torch.isneginf(tree.children_prior_logits[b, i])
+            assert (tree.children_visits[b, i][invalid] == 0).all()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("leaves", [1, 4])
+def test_invariants_hold_for_every_policy(policy, leaves):
+    env = SyntheticEnv(num_actions=6, depth=4, discount=0.9)
+    out = policy(env.root(5), env.expand, num_simulations=40, leaves_per_iteration=leaves, seed=3)
+    check_invariants(out.search_tree, 40)
+    assert out.action.shape == (5,) and out.action_weights.shape == (5, 6)
+    torch.testing.assert_close(out.action_weights.sum(-1), torch.ones(5))
+    root_invalid = torch.isneginf(out.search_tree.children_prior_logits[:, 0])
+    assert not root_invalid.gather(1, out.action[:, None]).any()
+    assert (out.action_weights[root_invalid] == 0).all()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_same_seed_same_tree_other_seed_other_tree(policy):
+    env = SyntheticEnv(num_actions=6, depth=5)
+
+    def run(seed):
+        return policy(env.root(4), env.expand, num_simulations=30, leaves_per_iteration=2, seed=seed).search_tree
+
+    a, b, c = run(7), run(7), run(8)
+    for name, t in a.tensors().items():
+        assert torch.equal(t, b.tensors()[name]), name
+    assert any(not torch.equal(t, c.tensors()[name]) for name, t in a.tensors().items())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_search_finds_the_rewarded_first_action(policy):
+    env = SyntheticEnv(num_actions=6, depth=3, seed=1)
+    out = policy(env.root(8), env.expand, num_simulations=120, seed=0, **({"temperature": 0.0} if policy is not mcts.gumbel_muzero_policy else {}))
+    best = env.correct_action(torch.zeros(8, dtype=torch.int64))
+    assert (out.action == best).float().mean().item() >= 0.75
+
+
+def test_virtual_loss_spreads_one_iteration_over_distinct_leaves():
+    env = SyntheticEnv(num_actions=4, depth=3, invalid_fraction=0.0)
+    calls = []
+
+    def expand_fn(parent_handles, actions, valid):
+        calls.append((actions.clone(), valid.clone()))
+        return env.expand(parent_handles, actions, valid)
+
+    out = mcts.muzero_policy(env.root(3), expand_fn, num_simulations=4, leaves_per_iteration=4, dirichlet_fraction=0.0)
+    assert len(calls) == 1 and calls[0][1].all()
+    # Each tree expanded its 4 root actions in the one call.
+    assert (out.search_tree.children_visits[:, 0] == 1).all()
+    assert sorted(calls[0][0][0].tolist()) == [0, 1, 2, 3]
+
+
+def test_collisions_are_dropped_and_budget_is_exact():
+    # Two actions, eight leaves per iteration: most paths collide and are dropped.
+    env = SyntheticEnv(num_actions=2, depth=6, invalid_fraction=0.0)
+    out = mcts.uct_policy(env.root(2), env.expand, num_simulations=25, leaves_per_iteration=8)
+    check_invariants(out.search_tree, 25)
+
+
+def test_expand_receives_batched_handles_of_all_trees():
+    env = SyntheticEnv(num_actions=4, depth=3)
+    shapes = []
+
+    def expand_fn(parent_handles, actions, valid):
+        shapes.append((tuple(parent_handles.shape), parent_handles.dtype, actions.dtype, valid.dtype))
+        return env.expand(parent_handles, actions, valid)
+
+    mcts.gumbel_muzero_policy(env.root(5), expand_fn, num_simulations=6, leaves_per_iteration=3)
+    assert shapes and all(s == ((5, 3), torch.int64, torch.int64, torch.bool) for s in shapes)
+
+
+def test_gumbel_sequential_halving_visit_pattern():
+    # 4 valid actions, 16 simulations: 4 actions x 2 visits, then 2 actions x 4 more.
+    env = SyntheticEnv(num_actions=4, depth=8, invalid_fraction=0.0)
+    out = mcts.gumbel_muzero_policy(env.root(3), env.expand, num_simulations=16, max_num_considered_actions=4)
+    counts = out.search_tree.children_visits[:, 0].sort(-1).values
+    assert counts.tolist() == [[2, 2, 6, 6]] * 3
+    # The proposed action is one of the two most visited.
+    chosen = out.search_tree.children_visits[:, 0].gather(1, out.action[:, None])
+    assert (chosen == 6).all()
+
+
+def test_invalid_root_actions_are_never_visited():
+    env = SyntheticEnv(num_actions=5, depth=3, invalid_fraction=0.0)
+    root = env.root(2)
+    invalid = torch.tensor([[False, True, False, True, False], [True, True, True, True, False]])
+    root = RootInput(root.prior_logits, root.value, root.handle, invalid_actions=invalid)
+    for policy in POLICIES:
+        out = policy(root, env.expand, num_simulations=20)
+        assert (out.search_tree.children_visits[:, 0][invalid] == 0).all()
+        assert out.action[1].item() == 4
+
+
+def test_dirichlet_noise_keeps_invalid_actions_invalid_and_sums_to_one():
+    logits = torch.tensor([[0.0, float("-inf"), 1.0, 2.0]])
+    noisy = mcts.add_dirichlet_noise(logits, torch.Generator().manual_seed(0))
+    assert torch.isneginf(noisy[0, 1]) and torch.isfinite(noisy[0, [0, 2, 3]]).all()
+    assert noisy.softmax(-1).sum().item() == pytest.approx(1.0)
+    assert not torch.allclose(noisy.softmax(-1), logits.softmax(-1))
+
+
+def test_max_depth_bounds_the_tree():
+    env = SyntheticEnv(num_actions=3, depth=10, invalid_fraction=0.0)
+    out = mcts.muzero_policy(env.root(2), env.expand, num_simulations=60, max_depth=2)
+    tree = out.search_tree
+    assert int(tree.depth.max()) == 2
+    check_invariants(tree, 60)
+
+
+def test_max_nodes_stops_a_full_tree():
+    env = SyntheticEnv(num_actions=4, depth=10, invalid_fraction=0.0)
+    out = mcts.muzero_policy(env.root(2), env.expand, num_simulations=50, max_nodes=10)
+    assert out.search_tree.num_nodes.tolist() == [10, 10]
+    assert (out.search_tree.num_simulations == 9).all()
+
+
+def test_resume_after_save_and_load_continues_identically(tmp_path):
+    env = SyntheticEnv(num_actions=5, depth=5)
+    first = mcts.gumbel_muzero_policy(env.root(3), env.expand, num_simulations=12, leaves_per_iteration=2, seed=1)
+    mcts.save_tree(first.search_tree, tmp_path / "tree.pt")
+    loaded = mcts.load_tree(tmp_path / "tree.pt")
+    for name, t in first.search_tree.tensors().items():
+        assert torch.equal(t, loaded.tensors()[name]), name
+    in_memory = mcts.gumbel_muzero_policy(first.search_tree, env.expand, num_simulations=10, leaves_per_iteration=2, seed=2)
+    resumed = mcts.gumbel_muzero_policy(loaded, env.expand, num_simulations=10, leaves_per_iteration=2, seed=2)
+    for name, t in in_memory.search_tree.tensors().items():
+        assert torch.equal(t, resumed.search_tree.tensors()[name]), name
+    check_invariants(resumed.search_tree, 22)
+    assert resumed.search_tree.max_nodes >= 23
+
+
+def test_step_wise_api_equals_resumed_runs():
+    env = SyntheticEnv(num_actions=4, depth=4)
+    root = env.root(2)
+    select = mcts.puct_action_selection
+
+    def run(chunks):
+        tree = mcts.init_tree(root, num_simulations=sum(chunks))
+        gen = mcts.make_generator(0, "cpu")
+        for k in chunks:
+            tree = mcts.search(
+                tree, env.expand, root_action_selection_fn=select, interior_action_selection_fn=select,
+                num_simulations=k, generator=gen,
+            )
+        return tree
+
+    one, three = run([30]), run([10, 10, 10])
+    check_invariants(three, 30)
+    for name, t in one.tensors().items():
+        assert torch.equal(t, three.tensors()[name]), name
+
+
+def test_load_tree_rejects_other_files(tmp_path):
+    torch.save({"something": 1}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match="not a tree"):
+        mcts.load_tree(tmp_path / "x.pt")
+
+
+def test_tree_to_networkx_has_every_node_and_edge_attribute():
+    env = SyntheticEnv(num_actions=4, depth=3)
+    tree = mcts.muzero_policy(env.root(2), env.expand, num_simulations=15).search_tree
+    g = mcts.tree_to_networkx(tree, 1)
+    n = int(tree.num_nodes[1])
+    assert g.number_of_nodes() == n and nx.is_arborescence(g)
+    assert g.nodes[0]["visits"] == 16 and g.nodes[0]["handle"] == int(tree.node_handle[1, 0])
+    for i in range(1, n):
+        (parent,) = g.predecessors(i)
+        edge = g.edges[parent, i]
+        assert edge["action"] == int(tree.action_from_parent[1, i])
+        assert edge["visits"] == g.nodes[i]["visits"]
+        assert set(g.nodes[i]) >= {"handle", "visits", "value", "reward", "prior", "depth", "terminal"}
+        assert g.nodes[i]["depth"] == g.nodes[parent]["depth"] + 1
+    with pytest.raises(IndexError, match="out of range"):
+        mcts.tree_to_networkx(tree, 2)
+
+
+def test_bad_expand_output_is_named():
+    env = SyntheticEnv(num_actions=4, depth=3)
+
+    def wrong(parent_handles, actions, valid):
+        out = env.expand(parent_handles, actions, valid)
+        return ExpandOutput(out.reward[:, :1], out.discount, out.prior_logits, out.value, out.handle, out.terminal)
+
+    with pytest.raises(ValueError, match="ExpandOutput.reward"):
+        mcts.muzero_policy(env.root(2), wrong, num_simulations=4, leaves_per_iteration=2)
+    with pytest.raises(ValueError, match="RootInput.value"):
+        mcts.init_tree(RootInput(torch.zeros(2, 3), torch.zeros(3), torch.zeros(2, dtype=torch.int64)), num_simulations=2)
+
+
+def test_root_without_valid_actions_is_not_searched():
+    root = RootInput(torch.full((1, 3), float("-inf")), torch.zeros(1), torch.zeros(1, dtype=torch.int64))
+    out = mcts.muzero_policy(root, SyntheticEnv(num_actions=3).expand, num_simulations=5)
+    assert out.search_tree.num_simulations.tolist() == [0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_runs_on_every_device(device):
+    env = SyntheticEnv(num_actions=6, depth=4)
+    for policy in POLICIES:
+        out = policy(env.root(4, device=device), env.expand, num_simulations=20, leaves_per_iteration=2, device=device)
+        assert out.search_tree.device.type == device and out.action.device.type == device
+        check_invariants(out.search_tree.to("cpu"), 20)
