@@ -194,7 +194,7 @@ def test_every_toolbox_loads_by_name_in_a_fresh_process_without_torch():
         f"print([len(get_toolbox(n).tools) for n in {NAMES!r}], 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[4, 1, 9, 12, 4] False"
+    assert out.stdout.strip() == "[4, 1, 9, 14, 4] False"
 
 
 def test_gold_turns_are_hermes_calls_then_the_answer():

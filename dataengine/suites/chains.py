@@ -1,8 +1,8 @@
 """Chains suite: questions that need 2-4 dependent lookups in a fictional world.
 
-The world (countries, cities, mayors, currencies, languages, airports) is generated once from a
-fixed seed, so its facts are the same in every process and no model knows them from
-pretraining: the only way to the answer is through the tools. Each tool maps one kind of
+The world (countries, cities, mayors, currencies, languages, airports, trading partners, twin
+cities) is generated once from a fixed seed, so its facts are the same in every process and no
+model knows them from pretraining: the only way to the answer is through the tools. Each tool maps one kind of
 entity to another (city -> country -> currency -> exchange rate); the tools form a networkx
 DiGraph with an edge u -> v when u's output kind is v's input kind, and a task is a random path
 in that graph from a named entity. Gold call i+1 takes the real output of gold call i.
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     import networkx as nx
 
 WORLD_SEED = "chains-world-v1"
-N_COUNTRIES = 24
-CITIES_PER_COUNTRY = 4
+N_COUNTRIES = 30
+CITIES_PER_COUNTRY = 5
 N_LANGUAGES = 12
 CONTINENTS = ["Africa", "Asia", "Europe", "North America", "Oceania", "South America"]
 SYLLABLES = ["ka", "lo", "mer", "va", "dri", "sol", "ten", "bar", "qui", "nor", "ez", "ul", "tha", "ro", "vin",
@@ -89,6 +89,11 @@ def _build_world() -> World:
     city_names = sorted(c["name"] for c in cities.values())
     for person in people.values():
         person["birth_city"] = rng.choice(city_names)
+    country_names = sorted(c["name"] for c in countries.values())
+    for country in countries.values():
+        country["trade_partner"] = rng.choice([n for n in country_names if n != country["name"]])
+    for city in cities.values():
+        city["twin_city"] = rng.choice([n for n in city_names if cities[n.lower()]["country"] != city["country"]])
     return World(countries, cities, people, currencies, languages, airports)
 
 
@@ -185,6 +190,30 @@ def country_continent(country: str) -> str:
     return _find(WORLD.countries, "country", country)["continent"]
 
 
+def country_trade_partner(country: str) -> str:
+    """Look up the main trading partner of a country.
+
+    Args:
+        country: The country name.
+
+    Returns:
+        The name of the partner country.
+    """
+    return _find(WORLD.countries, "country", country)["trade_partner"]
+
+
+def city_twin_city(city: str) -> str:
+    """Look up the twin city of a city (a partner city in another country).
+
+    Args:
+        city: The city name.
+
+    Returns:
+        The name of the twin city.
+    """
+    return _find(WORLD.cities, "city", city)["twin_city"]
+
+
 def city_population(city: str) -> int:
     """Look up the population of a city.
 
@@ -264,6 +293,9 @@ LINKS: dict[str, Link] = {
     "country_language": Link("country", "language", "the main language of {x}", "find its main language"),
     "language_greeting": Link("language", "word", 'the word for "hello" in {x}', 'find the word for "hello" in it'),
     "country_continent": Link("country", "continent", "the continent of {x}", "find its continent"),
+    "country_trade_partner": Link("country", "country", "the main trading partner of {x}",
+                                  "find its main trading partner"),
+    "city_twin_city": Link("city", "city", "the twin city of {x}", "find its twin city"),
     "city_population": Link("city", "number", "the population of {x}", "find its population"),
     "city_mayor": Link("city", "person", "the mayor of {x}", "find its mayor"),
     "person_birth_city": Link("person", "city", "the birth city of {x}", "find the city where that person was born"),
@@ -273,8 +305,8 @@ LINKS: dict[str, Link] = {
 FUNCTIONS = {
     fn.__name__: fn
     for fn in [city_country, country_capital, country_currency, exchange_rate_to_usd, country_language,
-               language_greeting, country_continent, city_population, city_mayor, person_birth_city, city_airport,
-               airport_elevation]  # fmt: skip
+               language_greeting, country_continent, country_trade_partner, city_twin_city, city_population,
+               city_mayor, person_birth_city, city_airport, airport_elevation]  # fmt: skip
 }
 # Edges that only undo the previous step (the country of the capital of X is X).
 TRIVIAL_EDGES = {("country_capital", "city_country")}
