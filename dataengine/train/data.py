@@ -88,25 +88,33 @@ def load_training_data(
     if (source is None) == (store is None):
         raise TrainingDataError("give exactly one data source: a dataset file/folder or a store")
     if store is not None:
-        raw, versions = _read_store(kind, store)
+        raw, versions = _read_store(
+            kind,
+            store,
+            pair_kind=pair_kind,
+            min_margin=min_margin,
+            behaviour_ref=behaviour_ref,
+            drop_zero_variance=drop_zero_variance,
+        )
     else:
         raw, versions = _read_files(Path(source))
-    rows = []
-    for index, row in enumerate(raw):
-        rows.append(_normalise_row(kind, row, index, behaviour_ref=behaviour_ref, where=_where(source, store, kind)))
-    if pair_kind is not None:
-        rows = [r for r in rows if r.get("_pair_kind") in (None, pair_kind)]
-    if min_margin is not None:
-        rows = [r for r in rows if r.get("_margin") is None or r["_margin"] >= min_margin]
-    if drop_zero_variance:
-        rows = [r for r in rows if r.get("_p_success") is None or 0.0 < r["_p_success"] < 1.0]
+    where = _where(source, store, kind)
+    if source is not None and (pair_kind is not None or min_margin is not None):
+        raise TrainingDataError(
+            f"{where}: pair_kind / min_margin filter the store's pairs table; exported files are already "
+            "filtered (use `dataengine export pairs --kind/--min-margin`, or train with --store)"
+        )
+    rows = [_normalise_row(kind, row, index, behaviour_ref=behaviour_ref, where=where) for index, row in enumerate(raw)]
+    if drop_zero_variance and source is not None:
+        if any("_p_success" not in r for r in rows):
+            raise TrainingDataError(f"{where}: drop_zero_variance needs a p_success column (or train with --store)")
+        rows = [r for r in rows if r["_p_success"] is None or 0.0 < r["_p_success"] < 1.0]
     if limit is not None:
         rows = rows[:limit]
     for r in rows:
-        for key in [k for k in r if k.startswith("_")]:
-            del r[key]
+        r.pop("_p_success", None)
     if not rows:
-        raise TrainingDataError(f"no {kind} rows left in {_where(source, store, kind)} after filtering")
+        raise TrainingDataError(f"no {kind} rows left in {where} after filtering")
     return TrainingData(kind=kind, rows=rows, versions=versions)
 
 
@@ -121,8 +129,7 @@ def as_training_data(kind: Kind, data: Any) -> TrainingData:
     rows = list(data)
     normalised = [_normalise_row(kind, dict(r), i, behaviour_ref=False, where="the given rows") for i, r in enumerate(rows)]
     for r in normalised:
-        for key in [k for k in r if k.startswith("_")]:
-            del r[key]
+        r.pop("_p_success", None)
     if not normalised:
         raise TrainingDataError(f"the given {kind} dataset is empty")
     return TrainingData(kind=kind, rows=normalised, versions={"in_memory_rows": len(normalised)})
@@ -146,8 +153,12 @@ def _read_files(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             if "train" not in loaded:
                 raise TrainingDataError(f"dataset folder {path} has splits {list(loaded)} but no 'train'")
             loaded = loaded["train"]
-        return loaded.to_list(), {f"hf:{path.resolve()}": loaded._fingerprint}
-    files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl", ".json")) if path.is_dir() else [path]
+        versions = {f"hf:{path.resolve()}": loaded._fingerprint, **_export_lineage(path / "lineage.json")}
+        return loaded.to_list(), versions
+    def is_data(p: Path) -> bool:
+        return p.suffix in (".parquet", ".jsonl", ".json") and not p.name.endswith("lineage.json")
+
+    files = sorted(p for p in path.rglob("*") if is_data(p)) if path.is_dir() else [path]
     if not files:
         raise TrainingDataError(f"dataset folder {path} holds no .parquet, .jsonl or .json files")
     rows: list[dict[str, Any]] = []
@@ -155,7 +166,18 @@ def _read_files(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     for file in files:
         rows.extend(_read_file(file))
         versions[f"file:{file.resolve()}"] = _sha(file)
+        versions.update(_export_lineage(Path(f"{file}.lineage.json")))
     return rows, versions
+
+
+def _export_lineage(file: Path) -> dict[str, Any]:
+    """{table: Delta version} from the lineage record `dataengine export` writes beside a file."""
+    if not file.is_file():
+        return {}
+    try:
+        return {str(k): v for k, v in json.loads(file.read_text()).get("source_versions", {}).items()}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise TrainingDataError(f"export lineage file {file} is unreadable: {exc}") from exc
 
 
 def _read_file(file: Path) -> list[dict[str, Any]]:
@@ -188,48 +210,32 @@ def _sha(file: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _read_store(kind: str, store: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows of the pairs / sft / replay table at its current Delta version, in trainer format."""
+def _read_store(
+    kind: str,
+    store: Any,
+    *,
+    pair_kind: str | None,
+    min_margin: float | None,
+    behaviour_ref: bool,
+    drop_zero_variance: bool,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows of the pairs / sft / replay table at its current Delta version, in trainer format,
+    through the store's own export (same filters and exact dedup as `dataengine export`)."""
+    from storage.export import ExportFilters, export_frame
+
     table = STORE_TABLE[kind]
-    version = store.table_versions().get(table)
-    if version is None:
-        raise TrainingDataError(f"the store at {getattr(store, 'root', store)} has no {table!r} table yet; "
-                                f"generate and derive data first")
-    frame = store.read(table, version=version)
-    frame = frame.collect() if hasattr(frame, "collect") else frame
-    rows = []
-    for rec in frame.to_dicts():
-        if kind == "preference":
-            row = {
-                "prompt": _json(rec, "prompt_json", table),
-                "chosen": _json(rec, "chosen_json", table),
-                "rejected": _json(rec, "rejected_json", table),
-                "tools": rec.get("tools_json") or "[]",
-                "_pair_kind": rec.get("kind"),
-                "_margin": rec.get("margin"),
-            }
-            if rec.get("chosen_logprob") is not None and rec.get("rejected_logprob") is not None:
-                row["ref_chosen_logps"] = float(rec["chosen_logprob"])
-                row["ref_rejected_logps"] = float(rec["rejected_logprob"])
-        elif kind == "sft":
-            row = {"messages": _json(rec, "messages_json", table), "tools": rec.get("tools_json") or "[]"}
-        else:
-            row = {
-                "prompt": _json(rec, "prompt_json", table),
-                "tools": rec.get("tools_json") or "[]",
-                "task_id": rec["task_id"],
-                "task_json": rec["task_json"],
-                "_p_success": rec.get("p_success"),
-            }
-        rows.append(row)
-    return rows, {table: int(version)}
-
-
-def _json(rec: dict[str, Any], column: str, table: str) -> Any:
-    value = rec.get(column)
-    if value is None:
-        raise TrainingDataError(f"store table {table!r}: row {rec.get('pair_id') or rec.get('example_id') or rec.get('prompt_id')} has no {column}")
-    return json.loads(value)
+    if table not in store.table_versions():
+        raise TrainingDataError(
+            f"the store at {getattr(store, 'root', store)} has no {table!r} table yet; generate and derive data first"
+        )
+    filters = ExportFilters(
+        kinds=[pair_kind] if pair_kind else None,
+        min_margin=min_margin,
+        # GRPO learns nothing from prompts the policy always or never solves (zero group variance).
+        where="p_success IS NULL OR (p_success > 0 AND p_success < 1)" if drop_zero_variance else None,
+    )
+    frame, _report, versions = export_frame(store, table, filters=filters, include_logprobs=behaviour_ref)
+    return frame.to_dicts(), dict(versions)
 
 
 def _normalise_row(kind: str, row: dict[str, Any], index: int, *, behaviour_ref: bool, where: str) -> dict[str, Any]:
@@ -241,7 +247,7 @@ def _normalise_row(kind: str, row: dict[str, Any], index: int, *, behaviour_ref:
             f"{where}: row {index} lacks column(s) {missing} needed for {kind} training "
             f"(it has {sorted(k for k in row if not k.startswith('_'))})"
         )
-    out: dict[str, Any] = {k: v for k, v in row.items() if k.startswith("_")}
+    out: dict[str, Any] = {}
     for column in MESSAGE_COLUMNS[kind]:
         value = row[column]
         if isinstance(value, str):
@@ -279,7 +285,7 @@ def _normalise_row(kind: str, row: dict[str, Any], index: int, *, behaviour_ref:
     if kind == "prompt":
         out["task_json"] = row["task_json"]
         out["task_id"] = str(row.get("task_id") or json.loads(row["task_json"]).get("id", f"row-{index}"))
-        if "p_success" in row and "_p_success" not in out:
+        if "p_success" in row:
             out["_p_success"] = row["p_success"]
     return out
 

@@ -1,0 +1,187 @@
+"""`dataengine train dpo|sft|grpo|chain`: train from exported datasets or the store's tables.
+
+Each command starts from --init (a checkpoint folder, 'smollm2' or 'tiny'), writes a checkpoint
+folder to --out and, with --store, registers it in the models table with its parent and the
+dataset versions it read. `chain` runs DPO -> (SFT) -> GRPO, each stage from the previous one's
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+train_app = typer.Typer(help="Train with TRL: offline DPO, rejection-sampling SFT, online GRPO with tools.",
+                        no_args_is_help=True)
+
+_STORE = typer.Option(None, "--store", help="Store root: read pairs/sft/replay from it and register the checkpoint.")
+_DATA = typer.Option(None, "--data", help="Exported dataset (.parquet, .jsonl, or an HF folder); default: the store.")
+_INIT = typer.Option("smollm2", "--init", help="Model to start from: 'smollm2', 'tiny' or a checkpoint folder.")
+_OUT = typer.Option(..., "--out", help="Checkpoint folder to write.")
+_STEPS = typer.Option(-1, "--steps", help="Optimizer steps (> 0 overrides --epochs).")
+_EPOCHS = typer.Option(1.0, "--epochs", help="Passes over the data.")
+_BATCH = typer.Option(None, "--batch-size", help="Examples (GRPO: completions) per micro-step.")
+_LORA = typer.Option(False, "--lora/--no-lora", help="Train LoRA adapters (merged into the checkpoint).")
+_RANK = typer.Option(16, "--lora-rank", help="LoRA rank.")
+_SEED = typer.Option(0, "--seed", help="Seed of data order and sampling.")
+_MAXLEN = typer.Option(1024, "--max-length", help="Longest tokenized training sequence.")
+_LIMIT = typer.Option(None, "--limit", help="Use at most this many rows.")
+_DEVICE = typer.Option("auto", "--device", help="auto, cpu or cuda.")
+_RUN = typer.Option(None, "--run-id", help="Run id of the models row.")
+
+
+def _open_store(path: Optional[Path]) -> Any:
+    if path is None:
+        return None
+    from storage.store import Store
+
+    return Store(path, create=False)
+
+
+def _common(init: str, out: Path, steps: int, epochs: float, batch: Optional[int], lora: bool, rank: int,
+            seed: int, max_length: int, device: str, run_id: Optional[str], lr: Optional[float]) -> dict[str, Any]:
+    values: dict[str, Any] = dict(init=init, out_dir=str(out), max_steps=steps, num_train_epochs=epochs, lora=lora,
+                                  lora_rank=rank, seed=seed, max_length=max_length, device=device, run_id=run_id)
+    if batch is not None:
+        values["batch_size"] = batch
+    if lr is not None:
+        values["learning_rate"] = lr
+    return values
+
+
+def _load(kind: str, data: Optional[Path], store: Any, **filters: Any) -> Any:
+    from dataengine.train.data import TrainingDataError, load_training_data
+
+    if data is None and store is None:
+        raise typer.BadParameter("give --data (an exported dataset) or --store (read the store's tables)")
+    try:
+        return load_training_data(kind, data, store=None if data is not None else store, **filters)
+    except TrainingDataError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _report(info: Any) -> None:
+    summary = {
+        "model_id": info.model_id,
+        "parent_id": info.parent_id,
+        "path": info.path,
+        "kind": info.kind,
+        "dataset_versions": info.dataset_versions,
+        "metrics": {k: v for k, v in info.metrics.items() if not isinstance(v, dict)},
+    }
+    typer.echo(json.dumps(summary, indent=1, sort_keys=True))
+
+
+@train_app.command("dpo")
+def dpo_command(
+    store: Optional[Path] = _STORE, data: Optional[Path] = _DATA, init: str = _INIT, out: Path = _OUT,
+    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: Optional[int] = _BATCH,
+    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 5e-6)."),
+    beta: float = typer.Option(0.1, "--beta", help="DPO beta (KL strength)."),
+    loss_type: str = typer.Option("sigmoid", "--loss-type", help="TRL DPO loss(es), comma-separated."),
+    behaviour_ref: bool = typer.Option(False, "--behaviour-ref/--model-ref",
+                                       help="Reference = behaviour log-probs stored with the pairs (Agent Q)."),
+    pair_kind: Optional[str] = typer.Option(None, "--pair-kind", help="Store only: step or trajectory pairs."),
+    min_margin: Optional[float] = typer.Option(None, "--min-margin", help="Store only: pairs with margin >= this."),
+    lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
+    limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
+) -> None:
+    """Offline DPO on step and/or trajectory preference pairs."""
+    from dataengine.train.dpo import DPOTrainConfig, train_dpo
+
+    st = _open_store(store)
+    rows = _load("preference", data, st, pair_kind=pair_kind, min_margin=min_margin, behaviour_ref=behaviour_ref,
+                 limit=limit)
+    config = DPOTrainConfig(**_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length, device,
+                                      run_id, lr), beta=beta, loss_type=loss_type, behaviour_ref=behaviour_ref)
+    _report(train_dpo(config, rows, store=st))
+
+
+@train_app.command("sft")
+def sft_command(
+    store: Optional[Path] = _STORE, data: Optional[Path] = _DATA, init: str = _INIT, out: Path = _OUT,
+    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: Optional[int] = _BATCH,
+    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 2e-5)."),
+    lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
+    limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
+) -> None:
+    """Rejection-sampling SFT with the loss on assistant tokens only."""
+    from dataengine.train.sft import SFTTrainConfig, train_sft
+
+    st = _open_store(store)
+    rows = _load("sft", data, st, limit=limit)
+    config = SFTTrainConfig(**_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length, device,
+                                      run_id, lr))
+    _report(train_sft(config, rows, store=st))
+
+
+@train_app.command("grpo")
+def grpo_command(
+    store: Optional[Path] = _STORE, data: Optional[Path] = _DATA, init: str = _INIT, out: Path = _OUT,
+    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: Optional[int] = _BATCH,
+    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 1e-6)."),
+    num_generations: int = typer.Option(4, "--num-generations", help="Rollouts per prompt (group size)."),
+    max_completion_length: int = typer.Option(128, "--max-completion-length", help="Token budget per rollout."),
+    max_tool_calls: int = typer.Option(4, "--max-tool-calls", help="Tool-calling rounds per rollout."),
+    beta: float = typer.Option(0.0, "--beta", help="KL penalty to the starting model."),
+    drop_zero_variance: bool = typer.Option(True, "--drop-zero-variance/--keep-zero-variance",
+                                            help="Store only: skip prompts with p_success 0 or 1."),
+    lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
+    limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
+) -> None:
+    """Online GRPO: rollouts call tools through the sandboxed ToolEnv, rewards from the verifiers."""
+    from dataengine.train.grpo import GRPOTrainConfig, train_grpo
+
+    st = _open_store(store)
+    rows = _load("prompt", data, st, drop_zero_variance=drop_zero_variance and data is None, limit=limit)
+    values = _common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length, device, run_id, lr)
+    values.setdefault("batch_size", num_generations)
+    config = GRPOTrainConfig(**values, num_generations=num_generations, max_completion_length=max_completion_length,
+                             max_tool_calls=max_tool_calls, beta=beta)
+    _report(train_grpo(config, rows, store=st))
+
+
+@train_app.command("chain")
+def chain_command(
+    store: Path = typer.Option(..., "--store", help="Store root with pairs, sft and replay tables."),
+    init: str = _INIT,
+    out: Path = typer.Option(..., "--out", help="Folder; each stage writes <out>/<stage>."),
+    stages: str = typer.Option("dpo,grpo", "--stages", help="Comma-separated stages in order: dpo, sft, grpo."),
+    steps: int = typer.Option(2, "--steps", help="Optimizer steps per stage."),
+    behaviour_ref: bool = typer.Option(False, "--behaviour-ref/--model-ref", help="DPO reference option."),
+    lora: bool = _LORA, seed: int = _SEED, limit: Optional[int] = _LIMIT, device: str = _DEVICE,
+    num_generations: int = typer.Option(4, "--num-generations", help="GRPO group size."),
+    max_completion_length: int = typer.Option(128, "--max-completion-length", help="GRPO token budget per rollout."),
+) -> None:
+    """Offline DPO, then (optionally) SFT, then online GRPO, each from the previous checkpoint."""
+    from dataengine.train.dpo import DPOTrainConfig, train_dpo
+    from dataengine.train.grpo import GRPOTrainConfig, train_grpo
+    from dataengine.train.sft import SFTTrainConfig, train_sft
+
+    order = [s.strip() for s in stages.split(",") if s.strip()]
+    unknown = [s for s in order if s not in ("dpo", "sft", "grpo")]
+    if unknown or not order:
+        raise typer.BadParameter(f"--stages takes dpo, sft, grpo; got {stages!r}")
+    st = _open_store(store)
+    current = init
+    for stage in order:
+        common = dict(init=current, out_dir=str(out / stage), max_steps=steps, lora=lora, seed=seed, device=device)
+        if stage == "dpo":
+            rows = _load("preference", None, st, behaviour_ref=behaviour_ref, limit=limit)
+            info = train_dpo(DPOTrainConfig(**common, behaviour_ref=behaviour_ref), rows, store=st)
+        elif stage == "sft":
+            info = train_sft(SFTTrainConfig(**common), _load("sft", None, st, limit=limit), store=st)
+        else:
+            rows = _load("prompt", None, st, drop_zero_variance=True, limit=limit)
+            config = GRPOTrainConfig(**common, batch_size=num_generations, num_generations=num_generations,
+                                     max_completion_length=max_completion_length)
+            info = train_grpo(config, rows, store=st)
+        _report(info)
+        current = info.path
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(train_app, name="train")

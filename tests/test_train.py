@@ -1,0 +1,309 @@
+"""Training: dataset loading, the SFT label mask, DPO with behaviour log-probs as reference,
+checkpoint registration, and the GRPO environment/reward that run tools through the ToolEnv.
+
+Models are the tiny random Llama (dataengine.models "tiny"); trainer runs here are one step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from dataengine.suites import generate_suite  # noqa: E402
+from dataengine.suites.gold import gold_turns  # noqa: E402
+from dataengine.train.data import TrainingDataError, as_training_data, load_training_data  # noqa: E402
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number", "description": "x"}, "b": {"type": "number", "description": "y"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>'
+
+
+def pair(i: int = 0, **extra):
+    return {
+        "prompt": [{"role": "user", "content": f"What is {17 + i} plus 25?"}],
+        "chosen": [{"role": "assistant", "content": CALL}],
+        "rejected": [{"role": "assistant", "content": "32"}],
+        "tools": [ADD_TOOL],
+        **extra,
+    }
+
+
+SFT_ROW = {
+    "messages": [
+        {"role": "user", "content": "What is 17 plus 25?"},
+        {"role": "assistant", "content": CALL},
+        {"role": "tool", "name": "add", "content": "42"},
+        {"role": "assistant", "content": "The answer is 42."},
+    ],
+    "tools": [ADD_TOOL],
+}
+
+
+# ---- dataset loading ----------------------------------------------------------------------
+
+
+def test_parquet_export_with_lineage_gives_rows_and_versions(tmp_path):
+    rows = [dict(pair(i), tools=json.dumps([ADD_TOOL])) for i in range(3)]
+    path = tmp_path / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    (tmp_path / "pairs.parquet.lineage.json").write_text(json.dumps({"source_versions": {"pairs": 7}}))
+    data = load_training_data("preference", path)
+    assert len(data) == 3
+    assert data.versions["pairs"] == 7
+    assert any(k.startswith("file:") for k in data.versions)
+    assert json.loads(data.rows[0]["tools"])[0]["function"]["name"] == "add"
+    assert data.rows[0]["chosen"] == [{"role": "assistant", "content": CALL}]
+
+
+def test_tools_given_as_list_become_a_json_string():
+    data = as_training_data("sft", [SFT_ROW])
+    assert isinstance(data.rows[0]["tools"], str)
+    assert data.rows[0]["messages"][2] == {"role": "tool", "name": "add", "content": "42"}
+
+
+def test_bad_datasets_get_errors_naming_the_problem(tmp_path):
+    with pytest.raises(TrainingDataError, match=r"row 1 lacks column\(s\) \['rejected'\]"):
+        as_training_data("preference", [pair(0), {k: v for k, v in pair(1).items() if k != "rejected"}])
+    bad = tmp_path / "sft.jsonl"
+    bad.write_text(json.dumps({"messages": SFT_ROW["messages"]}) + "\n{not json\n")
+    with pytest.raises(TrainingDataError, match="line 2: invalid JSON"):
+        load_training_data("sft", bad)
+    with pytest.raises(TrainingDataError, match="unknown role 'robot'"):
+        as_training_data("sft", [{"messages": [{"role": "robot", "content": "x"}]}])
+    with pytest.raises(TrainingDataError, match="no assistant message"):
+        as_training_data("sft", [{"messages": [{"role": "user", "content": "x"}]}])
+    with pytest.raises(TrainingDataError, match="does not exist"):
+        load_training_data("sft", tmp_path / "missing.parquet")
+    good = tmp_path / "pairs.jsonl"
+    good.write_text(json.dumps(pair(0)) + "\n")
+    with pytest.raises(TrainingDataError, match="ref_chosen_logps"):
+        load_training_data("preference", good, behaviour_ref=True)
+    with pytest.raises(TrainingDataError, match="store's pairs table"):
+        load_training_data("preference", good, pair_kind="step")
+
+
+def _store_with_pairs_and_replay(root):
+    from storage.store import Store
+
+    store = Store(root)
+    rows = []
+    for i, kind in enumerate(["step", "trajectory", "step"]):
+        p = pair(i)
+        rows.append({
+            "pair_id": f"p{i}", "kind": kind, "task_id": f"t{i}", "suite": "arithmetic",
+            "prompt_json": json.dumps(p["prompt"]), "chosen_json": json.dumps(p["chosen"]),
+            "rejected_json": json.dumps(p["rejected"]), "tools_json": json.dumps([ADD_TOOL]),
+            "margin": 0.5 + i, "chosen_logprob": -20.0, "rejected_logprob": -5.0 - i,
+        })
+    store.append("pairs", rows, run_id="r1", shard_id="s0")
+    tasks = [t for t in generate_suite("arithmetic", 4, 0, seed=0)]
+    replay = [{
+        "prompt_id": f"q{i}", "task_id": t.id, "suite": t.suite,
+        "prompt_json": json.dumps([m.to_chat() for m in t.messages]),
+        "tools_json": json.dumps([s.to_openai() for s in t.tools]), "task_json": t.model_dump_json(),
+        "p_success": p,
+    } for i, (t, p) in enumerate(zip(tasks, [0.0, 0.5, 1.0, None]))]
+    store.append("replay", replay, run_id="r1", shard_id="s0")
+    return store
+
+
+def test_store_pairs_with_behaviour_logprobs_and_filters(tmp_path):
+    store = _store_with_pairs_and_replay(tmp_path / "store")
+    data = load_training_data("preference", store=store, pair_kind="step", behaviour_ref=True)
+    assert len(data) == 2
+    assert data.versions == {"pairs": store.version("pairs")}
+    assert sorted(r["ref_rejected_logps"] for r in data.rows) == [-7.0, -5.0]
+    assert all(r["ref_chosen_logps"] == -20.0 for r in data.rows)
+    assert len(load_training_data("preference", store=store, min_margin=1.0)) == 2
+
+
+def test_store_replay_drops_zero_variance_prompts(tmp_path):
+    store = _store_with_pairs_and_replay(tmp_path / "store")
+    assert len(load_training_data("prompt", store=store)) == 4
+    kept = load_training_data("prompt", store=store, drop_zero_variance=True)
+    # p_success 0.0 and 1.0 go; 0.5 and unknown (null) stay.
+    assert len(kept) == 2
+    assert {json.loads(r["task_json"])["id"] for r in kept.rows} == {r["task_id"] for r in kept.rows}
+
+
+# ---- SFT label mask -----------------------------------------------------------------------
+
+
+def test_sft_labels_cover_assistant_tokens_only(tmp_path):
+    from dataengine.train.sft import SFTTrainConfig, build_sft_trainer
+
+    config = SFTTrainConfig(init="tiny", out_dir=str(tmp_path / "sft"), max_steps=1)
+    trainer, _model, tokenizer = build_sft_trainer(config, as_training_data("sft", [SFT_ROW]))
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    trained = [i for i, label in zip(ids, labels) if label != -100]
+    assert all(label in (-100, token) for token, label in zip(ids, labels))
+    # Exactly the two assistant turns with their end-of-turn token: no prompt, no tool output.
+    assert tokenizer.decode(trained) == CALL + "<|im_end|>" + "The answer is 42.<|im_end|>"
+    masked = tokenizer.decode([i for i, label in zip(ids, labels) if label == -100])
+    assert "<tool_response>\n42\n</tool_response>" in masked and "What is 17 plus 25?" in masked
+    assert "<tools>" in masked  # the tool list in the system block is never trained on
+
+
+# ---- DPO with behaviour log-probs, registration, loading ----------------------------------
+
+
+def test_dpo_behaviour_reference_is_used_and_checkpoint_registered(tmp_path):
+    from dataengine.models import load_model
+    from dataengine.train.checkpoint import read_checkpoint_info
+    from dataengine.train.dpo import DPOTrainConfig, train_dpo
+    from storage.store import Store
+
+    store = Store(tmp_path / "store")
+    rows = [pair(i, ref_chosen_logps=-20.0, ref_rejected_logps=-5.0) for i in range(2)]
+    data = as_training_data("preference", rows)
+    data.versions = {"pairs": 3}
+    config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "dpo"), max_steps=1, batch_size=2,
+                            behaviour_ref=True, beta=0.1, learning_rate=1e-4, run_id="train-test")
+    info = train_dpo(config, data, store=store)
+    log = info.metrics["last_log"]
+    # DPO's implicit reward is beta * (policy logp - reference logp): the reference is the stored value.
+    assert log["rewards/chosen"] == pytest.approx(0.1 * (log["logps/chosen"] + 20.0), rel=1e-4)
+    assert log["rewards/rejected"] == pytest.approx(0.1 * (log["logps/rejected"] + 5.0), rel=1e-4)
+    assert info.metrics["reference"] == "behaviour"
+
+    row = store.models().collect().to_dicts()
+    assert len(row) == 1 and row[0]["model_id"] == info.model_id
+    assert row[0]["parent_id"].startswith("tiny-llama@") and row[0]["kind"] == "dpo"
+    assert json.loads(row[0]["dataset_versions_json"]) == {"pairs": 3}
+    assert read_checkpoint_info(info.path) == info
+    model, tokenizer = load_model(info.path)
+    assert "<tools>" in tokenizer.apply_chat_template(rows[0]["prompt"], tools=[ADD_TOOL], tokenize=False)
+    # Training from this checkpoint names it as parent.
+    from dataengine.train.checkpoint import parent_model_id
+
+    assert parent_model_id(info.path, model) == info.model_id
+
+
+def test_dpo_refuses_behaviour_ref_without_logprobs(tmp_path):
+    from dataengine.train.dpo import DPOTrainConfig, build_dpo_trainer
+
+    config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "dpo"), max_steps=1, behaviour_ref=True)
+    with pytest.raises(ValueError, match="ref_chosen_logps"):
+        build_dpo_trainer(config, as_training_data("preference", [pair(0)]))
+
+
+def test_config_errors_name_the_field():
+    from dataengine.train.dpo import DPOTrainConfig
+    from dataengine.train.grpo import GRPOTrainConfig
+
+    with pytest.raises(ValueError, match="beta"):
+        DPOTrainConfig(beta=0).validate()
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        GRPOTrainConfig(batch_size=6, num_generations=4).validate()
+    with pytest.raises(ValueError, match="num_generations must be >= 2"):
+        GRPOTrainConfig(batch_size=2, num_generations=1).validate()
+
+
+# ---- GRPO: environment and reward over the real ToolEnv -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tool_env():
+    from dataengine.env import ToolEnv
+    from dataengine.tools.sandbox import Sandbox
+
+    with Sandbox(workers=1, timeout_s=5.0) as sandbox:
+        yield ToolEnv(sandbox, max_steps=6)
+
+
+def test_environment_tool_schemas_match_the_task_specs():
+    from transformers.utils import get_json_schema
+
+    from dataengine.tools.registry import get_toolbox
+    from dataengine.train.environment import environment_class
+
+    for name in ("arithmetic", "units", "shop", "chains", "notool"):
+        toolbox = get_toolbox(name)
+        cls = environment_class(toolbox)
+        for tool in toolbox.tools.values():
+            schema = get_json_schema(getattr(cls, tool.name))
+            assert schema.get("function", schema)["parameters"] == tool.spec.parameters, (name, tool.name)
+
+
+def _trl_completion(task):
+    """A rollout as TRL's tool loop records it: parsed assistant turns and tool turns."""
+    from dataengine.parsing import parse_action
+
+    messages = []
+    for text in gold_turns(task)[:-1]:
+        action = parse_action(text)
+        calls = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in action.tool_calls]
+        messages += [{"role": "assistant", "content": "", "tool_calls": calls}, {"role": "tool", "content": "?"}]
+    return messages + [{"role": "assistant", "content": gold_turns(task)[-1]}]
+
+
+def test_environment_runs_tools_in_the_sandbox_and_reward_scores_episodes(tool_env):
+    from dataengine.tools.registry import get_toolbox
+    from dataengine.train.environment import environment_class
+    from dataengine.train.grpo import verifier_reward
+    from dataengine.verifiers import CompositeReward
+
+    task = next(t for t in generate_suite("arithmetic", 6, 0, seed=1) if t.gold.calls)
+    cls = environment_class(get_toolbox(task.toolbox))
+    reward = verifier_reward(CompositeReward(replay=tool_env.replay))
+
+    envs = [cls(tool_env) for _ in range(3)]
+    for env in envs:
+        env.reset(task_json=task.model_dump_json(), task_id=task.id, prompt=[])
+        for call in task.gold.calls:  # what TRL does for each parsed <tool_call>
+            observation = getattr(env, call.name)(**call.arguments)
+            assert not observation.startswith("Error"), observation
+    assert envs[0]._state.steps[0].results[0].status == "ok"
+    bad = cls(tool_env)
+    bad.reset(task_json=task.model_dump_json())
+    assert bad.add(a="x", b=1).startswith("Error")  # bad arguments are an observation, not a crash
+
+    good = _trl_completion(task)
+    wrong = good[:-1] + [{"role": "assistant", "content": "-1"}]
+    cut = good[:-1]  # the rollout ran out of budget after its last tool call
+    metrics = {}
+    scores = reward(prompts=[[]] * 3, completions=[good, wrong, cut], environments=envs,
+                    log_metric=lambda k, v: metrics.__setitem__(k, v))
+    assert scores[0] >= 1.0 > scores[1]
+    assert scores[2] < 1.0
+    assert metrics["verifier/success_rate"] == pytest.approx(1 / 3)
+
+
+def test_environment_refuses_a_task_of_another_toolbox(tool_env):
+    from dataengine.tools.registry import get_toolbox
+    from dataengine.train.environment import environment_class
+
+    task = generate_suite("units", 1, 0, seed=0)[0]
+    env = environment_class(get_toolbox("arithmetic"))(tool_env)
+    with pytest.raises(ValueError, match="routed to the 'arithmetic' environment"):
+        env.reset(task_json=task.model_dump_json())
+
+
+def test_cli_lists_the_train_commands():
+    from typer.testing import CliRunner
+
+    from dataengine.cli import app
+
+    result = CliRunner().invoke(app, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+    for name in ("dpo", "sft", "grpo", "chain"):
+        assert name in result.output
+    result = CliRunner().invoke(app, ["train", "dpo", "--out", "x", "--init", "tiny"])
+    assert result.exit_code != 0 and "--data" in result.output
