@@ -209,11 +209,17 @@ def place_order(state: dict, customer_id: str, product_id: str, quantity: int) -
     return _order_view(order_id, state["orders"][order_id])
 
 
+def default_database(task: Any = None) -> dict[str, Any]:
+    """The database for a shop task that brings none (hand-written tasks): a fixed random one."""
+    return make_database(random.Random("shop-default-database"))
+
+
 TOOLBOX = register_toolbox(
     make_toolbox(
         "shop",
         [find_customer, list_customer_orders, get_order, find_product, get_product, cancel_order,
          change_shipping_address, restock, place_order],
+        make_initial_state=default_database,
     )
 )
 
