@@ -56,6 +56,11 @@ def test_stateful_tool_hides_state_from_the_schema():
     assert "state" not in tool.spec.description and "database" not in str(tool.spec.parameters)
 
 
+def test_read_only_flag():
+    assert tool_from_callable(add_item).writes_state
+    assert not tool_from_callable(add_item, writes_state=False).writes_state
+
+
 def test_name_override_and_openai_form():
     tool = tool_from_callable(convert, name="distance")
     assert tool.name == "distance"

