@@ -138,7 +138,19 @@ def test_metadata_and_tools():
     for name in NAMES:
         task = generate_suite(name, 1, 0, seed=0)[0]
         assert {"difficulty", "n_steps", "seed"} <= set(task.metadata)
-        assert [s.name for s in task.tools] == list(get_toolbox(name).tools)
+        if name != "chains":
+            assert [s.name for s in task.tools] == list(get_toolbox(name).tools)
+
+
+def test_chains_offers_the_path_tools_and_distractors():
+    from dataengine.suites.chains import OFFERED_TOOLS
+
+    order = list(get_toolbox("chains").tools)
+    for task in generate_suite("chains", 50, 0, seed=0):
+        offered = [s.name for s in task.tools]
+        assert len(offered) == OFFERED_TOOLS and offered == [n for n in order if n in offered]
+        assert {c.name for c in task.gold.calls} <= set(offered)
+        assert all(s == get_toolbox("chains").tools[s.name].spec for s in task.tools)
 
 
 def test_arithmetic_is_hard_and_exact():

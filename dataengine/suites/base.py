@@ -34,6 +34,7 @@ class Draft:
     gold: the reference solution (answer, calls, needs_tool, end_state_hash).
     metadata: difficulty, n_steps (number of gold calls), kind/template and suite specifics.
     initial_state: per-task tool state for stateful suites, else None.
+    offered: names of the tools shown to the model, in toolbox order; None shows all of them.
     """
 
     question: str
@@ -41,6 +42,7 @@ class Draft:
     gold: Gold
     metadata: dict[str, Any] = field(default_factory=dict)
     initial_state: dict[str, Any] | None = None
+    offered: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def _draw(
 ) -> list[Task]:
     # A str seed is hashed with sha512 by random.seed: stable across runs and PYTHONHASHSEED.
     rng = random.Random(f"{suite.name}/{split}/{seed}")
-    specs = suite.toolbox.specs()
+    tools = suite.toolbox.tools
     tasks: list[Task] = []
     repeats = 0
     while len(tasks) < n:
@@ -130,7 +132,7 @@ def _draw(
                 id=task_id(suite.name, split, len(tasks)),
                 suite=suite.name,
                 messages=[Message(role="user", content=draft.question)],
-                tools=list(specs),
+                tools=[t.spec for name, t in tools.items() if draft.offered is None or name in draft.offered],
                 toolbox=suite.toolbox.name,
                 gold=draft.gold,
                 split=split,

@@ -320,6 +320,9 @@ ENTITY_PHRASE = {
     "airport": "the airport {}",
 }
 MIN_CALLS, MAX_CALLS = 2, 4
+# Tools shown per task: the path's tools plus random distractors. All 14 schemas would make a
+# ~1,000-token system prompt; 6 keep the "which tool" choice real at less than half that.
+OFFERED_TOOLS = 6
 
 TOOLBOX = register_toolbox(make_toolbox("chains", list(FUNCTIONS.values())))
 
@@ -386,9 +389,12 @@ def draft(rng: random.Random) -> Draft:
         value = FUNCTIONS[name](value)
     template, question = _phrase(rng, path, start)
     answer = format_number(value) if isinstance(value, (int, float)) else str(value)
+    others = sorted(set(FUNCTIONS) - set(path))
+    offered = set(path) | set(rng.sample(others, max(0, OFFERED_TOOLS - len(path))))
     return Draft(
         question=question,
         key=f"{start}|{'>'.join(path)}",
+        offered=tuple(name for name in FUNCTIONS if name in offered),
         gold=Gold(answer=answer, calls=calls, needs_tool=True),
         metadata={"difficulty": len(path), "n_steps": len(path), "template": template, "path": path,
                   "answer_rel_tol": 0.0},  # fmt: skip
