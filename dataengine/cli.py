@@ -20,6 +20,7 @@ app = typer.Typer(
 
 # Modules under dataengine/commands/ that register commands, in help order.
 COMMAND_MODULES = [
+    "demo",
     "suites",
     "verify",
     "store",
