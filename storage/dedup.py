@@ -208,25 +208,33 @@ class DedupReport:
 def dedup_frame(
     frame: pl.DataFrame,
     *,
-    key: Callable[[dict[str, Any]], str],
-    text: Callable[[dict[str, Any]], str] | None = None,
+    key: Callable[[dict[str, Any]], str] | Sequence[str],
+    text: Callable[[dict[str, Any]], str] | str | None = None,
     group: str | None = None,
     exact: bool = True,
     near_threshold: float | None = None,
     embedder: str = "ngram",
 ) -> tuple[pl.DataFrame, DedupReport]:
-    """Drop exact duplicates (same `key(row)`, first kept) and, with `near_threshold`, near
-    duplicates (cosine of `embed(text(row))` within the same `group` column value)."""
+    """Drop exact duplicates (first kept) and, with `near_threshold`, near duplicates.
+
+    key: column names whose values together identify a row, or a function of the row dict.
+    text: column name or function giving the text to embed for near-duplicate search.
+    group: column; near duplicates are only looked for among rows with equal values.
+    """
     rows_in = frame.height
     if exact and rows_in:
-        keys = pl.Series("_key", [key(r) for r in frame.iter_rows(named=True)])
-        frame = frame.with_columns(keys).unique("_key", keep="first", maintain_order=True).drop("_key")
+        if callable(key):
+            keys = pl.Series("_dedup_key", [key(r) for r in frame.iter_rows(named=True)])
+            frame = frame.with_columns(keys).unique("_dedup_key", keep="first", maintain_order=True).drop("_dedup_key")
+        else:
+            frame = frame.unique(list(key), keep="first", maintain_order=True)
     exact_removed = rows_in - frame.height
     near_removed = 0
     if near_threshold is not None and frame.height > 1:
         if text is None:
-            raise ValueError("near-duplicate removal needs a text function")
-        vectors = embed([text(r) for r in frame.iter_rows(named=True)], embedder)
+            raise ValueError("near-duplicate removal needs a text column or function")
+        texts = frame[text].to_list() if isinstance(text, str) else [text(r) for r in frame.iter_rows(named=True)]
+        vectors = embed(texts, embedder)
         groups = frame[group].to_list() if group else None
         mask = near_duplicate_mask(vectors, groups, threshold=near_threshold)
         near_removed = int((~mask).sum())

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import polars as pl
 
-from storage.dedup import DedupReport, dedup_frame, messages_text, normalise_messages, trajectory_hash
+from storage.dedup import DedupReport, dedup_frame
 from storage.schemas import SCHEMA_VERSION
 from storage.store import Store
 
@@ -120,37 +120,51 @@ def _messages(value: str | None, what: str, row_id: str) -> list[dict[str, Any]]
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
         raise ValueError(f"row {row_id}: {what} is not JSON: {exc}") from exc
-    if isinstance(parsed, dict):
-        parsed = [parsed]
-    if not isinstance(parsed, list) or not all(isinstance(m, dict) and "role" in m for m in parsed):
-        raise ValueError(f"row {row_id}: {what} must be a JSON list of message dicts with a role")
-    return normalise_raw(parsed)
+    if not isinstance(parsed, list) or not all(isinstance(m, dict) and m.get("role") for m in parsed):
+        raise ValueError(f"row {row_id}: {what} must be a JSON list of message dicts, each with a role")
+    return parsed
 
 
-def normalise_raw(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages with content as a string (None -> "") and only role, content, name kept."""
-    return [
-        {"role": str(m["role"]), "content": "" if m.get("content") is None else str(m["content"]),
-         "name": None if m.get("name") is None else str(m["name"])}
-        for m in messages
-    ]
+def _decode_messages(source: pl.DataFrame, column: str, id_column: str) -> pl.Series:
+    """`column` (JSON message lists) decoded to `MESSAGES`, vectorised.
 
-
-def _tools(value: str | None) -> str:
-    return "[]" if value is None else value
+    Content null becomes "". A row that is null, not JSON, not a list of messages, or has a
+    message without a role raises ValueError naming the row and the column.
+    """
+    try:
+        decoded = source.select(pl.col(column).str.json_decode(MESSAGES)).to_series()
+    except pl.exceptions.PolarsError:
+        # Find the bad row with the plain parser, which names it.
+        for value, row_id in zip(source[column], source[id_column]):
+            _messages(value, column, row_id)
+        raise
+    bad = source.select(
+        pl.col(id_column),
+        bad=decoded.is_null() | decoded.list.eval(pl.element().struct.field("role").is_null()).list.any(),
+    ).filter("bad")
+    if bad.height:
+        row_id = bad[id_column][0]
+        _messages(source.filter(pl.col(id_column) == row_id)[column][0], column, row_id)
+        raise ValueError(f"row {row_id}: {column} must be a JSON list of message dicts, each with a role")
+    return decoded.list.eval(
+        pl.struct(
+            pl.element().struct.field("role"),
+            pl.element().struct.field("content").fill_null(""),
+            pl.element().struct.field("name"),
+        )
+    ).cast(MESSAGES)
 
 
 def build_rows(kind: str, source: pl.DataFrame, *, include_logprobs: bool = False) -> pl.DataFrame:
     """TRL rows from collected rows of the source table (see the module table for columns)."""
+    tools = source["tools_json"].fill_null("[]").alias("tools") if "tools_json" in source.columns else None
     if kind == "pairs":
-        out: dict[str, list] = {"prompt": [], "chosen": [], "rejected": [], "tools": []}
-        for r in source.iter_rows(named=True):
-            out["prompt"].append(_messages(r["prompt_json"], "prompt_json", r["pair_id"]))
-            out["chosen"].append(_messages(r["chosen_json"], "chosen_json", r["pair_id"]))
-            out["rejected"].append(_messages(r["rejected_json"], "rejected_json", r["pair_id"]))
-            out["tools"].append(_tools(r["tools_json"]))
-        schema = {"prompt": MESSAGES, "chosen": MESSAGES, "rejected": MESSAGES, "tools": pl.String}
-        frame = pl.DataFrame(out, schema=schema)
+        frame = pl.DataFrame([
+            _decode_messages(source, "prompt_json", "pair_id").alias("prompt"),
+            _decode_messages(source, "chosen_json", "pair_id").alias("chosen"),
+            _decode_messages(source, "rejected_json", "pair_id").alias("rejected"),
+            tools,
+        ])
         if include_logprobs:
             # TRL's DPOTrainer uses these columns as the reference log-probs when present.
             frame = frame.with_columns(
@@ -158,37 +172,49 @@ def build_rows(kind: str, source: pl.DataFrame, *, include_logprobs: bool = Fals
             )
         return frame
     if kind == "sft":
-        out = {"messages": [], "tools": []}
-        for r in source.iter_rows(named=True):
-            out["messages"].append(_messages(r["messages_json"], "messages_json", r["example_id"]))
-            out["tools"].append(_tools(r["tools_json"]))
-        return pl.DataFrame(out, schema={"messages": MESSAGES, "tools": pl.String})
+        return pl.DataFrame([_decode_messages(source, "messages_json", "example_id").alias("messages"), tools])
     if kind == "replay":
-        out = {"prompt": [], "tools": [], "task_id": [], "task_json": []}
-        for r in source.iter_rows(named=True):
-            out["prompt"].append(_messages(r["prompt_json"], "prompt_json", r["prompt_id"]))
-            out["tools"].append(_tools(r["tools_json"]))
-            out["task_id"].append(r["task_id"])
-            out["task_json"].append(r["task_json"])
-        schema = {"prompt": MESSAGES, "tools": pl.String, "task_id": pl.String, "task_json": pl.String}
-        return pl.DataFrame(out, schema=schema)
+        return pl.DataFrame([
+            _decode_messages(source, "prompt_json", "prompt_id").alias("prompt"),
+            tools,
+            source["task_id"],
+            source["task_json"],
+        ])
     raise ValueError(f"unknown export {kind!r}; choose from {', '.join(KINDS)}")
 
 
-def _dedup_key(kind: str):
-    if kind == "pairs":
-        return lambda r: trajectory_hash(r["prompt"]) + trajectory_hash(r["chosen"]) + trajectory_hash(r["rejected"])
-    if kind == "sft":
-        return lambda r: trajectory_hash(r["messages"])
-    return lambda r: trajectory_hash(r["prompt"]) + str(r["task_id"])
+MESSAGE_COLUMNS = {"pairs": ("prompt", "chosen", "rejected"), "sft": ("messages",), "replay": ("prompt",)}
 
 
-def _dedup_text(kind: str):
+def _normalised(column: str) -> pl.Expr:
+    """Messages with whitespace-collapsed content: the exact-dedup form (see dedup.normalise_messages)."""
+    return pl.col(column).list.eval(
+        pl.struct(
+            pl.element().struct.field("role"),
+            pl.element().struct.field("content").str.replace_all(r"\s+", " ").str.strip_chars(),
+            pl.element().struct.field("name"),
+        )
+    )
+
+
+def _text(column: str) -> pl.Expr:
+    """Plain "role: content" lines of a message column (see dedup.messages_text)."""
+    element = pl.element().struct
+    return pl.col(column).list.eval(pl.concat_str(element.field("role"), pl.lit(": "), element.field("content"))).list.join("\n")
+
+
+def _dedup_columns(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
+    """Add `_key_*` columns (exact dedup), `_text` (embedding input) and `_group` (near dedup)."""
+    keys = [_normalised(c).alias(f"_key_{c}") for c in MESSAGE_COLUMNS[kind]]
+    if kind == "replay":
+        keys.append(pl.col("task_id").alias("_key_task"))
     if kind == "pairs":
-        return lambda r: messages_text(r["chosen"]) + "\n---\n" + messages_text(r["rejected"])
-    if kind == "sft":
-        return lambda r: messages_text(r["messages"])
-    return lambda r: messages_text(r["prompt"])
+        text = pl.concat_str(_text("chosen"), pl.lit("\n---\n"), _text("rejected"))
+    else:
+        text = _text(MESSAGE_COLUMNS[kind][0])
+    # Near duplicates are only looked for among rows with the same prompt (pairs, replay) or task.
+    group = _normalised("prompt").hash() if kind == "pairs" else pl.lit(0) if kind == "replay" else None
+    return rows.with_columns(*keys, _text=text, **({"_group": group} if group is not None else {}))
 
 
 def export_frame(
@@ -217,28 +243,20 @@ def export_frame(
     version = (versions or {}).get(kind, store.version(kind))
     source = filters.apply(store.read(kind, version=version), kind).collect()
     rows = build_rows(kind, source, include_logprobs=include_logprobs)
-    group = None
-    if dedup == "near":
-        group_key = "prompt" if kind in ("pairs", "replay") else None
-        if group_key:
-            rows = rows.with_columns(
-                _group=pl.Series([trajectory_hash(p) for p in rows[group_key].to_list()], dtype=pl.String)
-            )
-        else:
-            rows = rows.with_columns(_group=source["task_id"])
-        group = "_group"
+    if kind == "sft":
+        rows = rows.with_columns(_group=source["task_id"])
+    rows = _dedup_columns(kind, rows)
+    helper = [c for c in rows.columns if c.startswith("_")]
     rows, report = dedup_frame(
         rows,
-        key=_dedup_key(kind),
-        text=_dedup_text(kind),
-        group=group,
+        key=[c for c in helper if c.startswith("_key_")],
+        text="_text",
+        group="_group" if "_group" in rows.columns else None,
         exact=dedup != "none",
         near_threshold=near_threshold if dedup == "near" else None,
         embedder=embedder,
     )
-    if group:
-        rows = rows.drop(group)
-    return _drop_empty_names(rows), report, {kind: version}
+    return _drop_empty_names(rows.drop(helper)), report, {kind: version}
 
 
 def _drop_empty_names(rows: pl.DataFrame) -> pl.DataFrame:

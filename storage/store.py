@@ -103,6 +103,8 @@ class Store:
         self.max_retries = max_retries
         self.check_files = check_files
         self.target_file_size = target_file_size
+        # Tables this instance has created or checked for a newer schema version.
+        self._checked: set[str] = set()
         if self.root.exists() and not self.root.is_dir():
             raise StoreNotFoundError(f"store path {self.root} is a file, not a store folder")
         meta = self.root / STORE_FILE
@@ -326,9 +328,11 @@ class Store:
         else:
             data = self.to_arrow(table, rows, run_id=run_id, shard_id=shard_id)
         self._ensure_store_file()
-        self._create_table(spec)
         path = str(self.table_path(table))
-        self._check_table_version(table, DeltaTable(path))
+        if table not in self._checked:
+            self._create_table(spec)
+            self._check_table_version(table, DeltaTable(path))
+            self._checked.add(table)
         predicate = f"run_id = {_sql_literal(run_id)} AND shard_id = {_sql_literal(shard_id)}"
         commit = CommitProperties(
             custom_metadata={
@@ -340,11 +344,12 @@ class Store:
         delay = 0.05
         for attempt in range(self.max_retries):
             try:
+                dt = DeltaTable(path)
                 write_deltalake(
-                    path, data, mode="overwrite", predicate=predicate, commit_properties=commit,
+                    dt, data, mode="overwrite", predicate=predicate, commit_properties=commit,
                     target_file_size=self.target_file_size,
                 )
-                return DeltaTable(path).version()
+                return dt.version()
             except DeltaError as exc:
                 if not _is_conflict(exc):
                     raise StoreError(f"append to table {table!r} in {self.root} failed: {exc}") from exc
