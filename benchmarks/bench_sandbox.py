@@ -77,6 +77,21 @@ def main() -> None:
         sandbox.call_many([("testing", nap, None)] * naps)
         nap_batched = rate(naps, time.perf_counter() - start)
 
+        state_rows = []
+        for megabytes in ([0.1] if args.quick else [0.1, 1.3]):
+            # A synthetic database of about `megabytes` MB of JSON (tau2 retail is 1.3 MB).
+            rows = int(megabytes * 1e6 / 45)
+            state = {"items": [], "db": {f"{i:07d}": {"name": "x" * 12, "price": i} for i in range(rows)}}
+            for label, tool, arguments in [("write (push)", "push", {"item": "a"}), ("read-only (count)", "count", {}),
+                                           ("stateless (add)", "add", {"a": 1, "b": 2})]:
+                one = ToolCall(name=tool, arguments=arguments)
+                sandbox.call("testing", one, state)
+                reps = 3 if args.quick else 10
+                start = time.perf_counter()
+                for _ in range(reps):
+                    assert sandbox.call("testing", one, state)[0].ok
+                state_rows.append((megabytes, label, (time.perf_counter() - start) / reps * 1000))
+
         replace_times = []
         for _ in range(3 if args.quick else 10):
             start = time.perf_counter()
@@ -95,6 +110,8 @@ def main() -> None:
     print(f"{'tool sleep 20 ms, Sandbox.call':34s} {nap_sequential:12,.1f} calls/s  ratio {nap_sequential / nap_in_process:.2f}")
     print(f"{'tool sleep 20 ms, Sandbox.call_many':34s} {nap_batched:12,.1f} calls/s  ratio {nap_batched / nap_in_process:.2f}"
           f"  ({nap_batched / nap_sequential:.2f}x Sandbox.call)")
+    for megabytes, label, ms in state_rows:
+        print(f"tool state {megabytes:.1f} MB, {label:18s} {ms:8.1f} ms/call")
     print(f"cold start of the pool (fork server + {args.workers} workers): {cold_start:.2f} s")
     print(f"crash -> replaced worker -> first call done: median {statistics.median(replace_times) * 1000:.0f} ms")
 
