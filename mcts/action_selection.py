@@ -12,6 +12,7 @@ import torch
 
 from mcts import seq_halving
 from mcts.base import NodeStats
+from mcts.numerics import softmax
 from mcts.qtransforms import qtransform_by_parent_and_siblings, qtransform_completed_by_mix_value
 
 QTransform = Callable[[NodeStats], torch.Tensor]
@@ -50,7 +51,7 @@ def puct_action_selection(
     """
     visits = stats.visits.to(stats.qvalues.dtype).unsqueeze(-1)
     pb_c = pb_c_init + torch.log((visits + pb_c_base + 1.0) / pb_c_base)
-    probs = torch.softmax(stats.prior_logits, dim=-1)
+    probs = softmax(stats.prior_logits)
     policy_score = torch.sqrt(visits) * pb_c * probs / (stats.children_visits + 1.0)
     scores = qtransform(stats) + policy_score + _tie_break(stats, generator)
     return masked_argmax(scores, stats.invalid)
@@ -92,7 +93,8 @@ def gumbel_muzero_root_action_selection(
     table = seq_halving.get_table_of_considered_visits(
         max_num_considered_actions, max(num_simulations, 1), device=stats.qvalues.device
     )
-    num_valid = (~stats.invalid).sum(-1)
+    # Counted from the logits: actions blocked by virtual loss still belong to the halving plan.
+    num_valid = (~torch.isneginf(stats.prior_logits)).sum(-1)
     num_considered = num_valid.clamp_max(max_num_considered_actions)
     # At the root the simulation index is the sum of visit counts (virtual ones included).
     simulation_index = stats.children_visits.sum(-1).round().long().clamp_max(table.shape[1] - 1)
@@ -121,7 +123,7 @@ def gumbel_muzero_interior_action_selection(
     counts track it deterministically.
     """
     del generator
-    probs = torch.softmax(stats.prior_logits + qtransform(stats), dim=-1)
+    probs = softmax(stats.prior_logits + qtransform(stats))
     total = stats.children_visits.sum(-1, keepdim=True)
     scores = probs - stats.children_visits / (1.0 + total)
     return masked_argmax(scores, stats.invalid)

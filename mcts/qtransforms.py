@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from mcts.base import NodeStats
+from mcts.numerics import softmax
 
 # Avoids dividing by zero when all Q values of a node are equal.
 EPSILON = 1e-8
@@ -38,7 +39,7 @@ def mixed_value(stats: NodeStats) -> torch.Tensor:
     """`[B]` the mixed value of Gumbel MuZero (appendix D): raw value and visited Q by prior."""
     visited = stats.children_visits > 0
     total_visits = stats.children_visits.sum(-1)
-    probs = torch.softmax(stats.prior_logits, dim=-1)
+    probs = softmax(stats.prior_logits)
     # Keeps the weighted Q finite when a visited action has zero prior probability.
     probs = probs.clamp_min(torch.finfo(probs.dtype).tiny)
     sum_probs = torch.where(visited, probs, torch.zeros_like(probs)).sum(-1, keepdim=True)

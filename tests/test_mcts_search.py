@@ -120,10 +120,13 @@ def test_expand_receives_batched_handles_of_all_trees():
     assert shapes and all(s == ((5, 3), torch.int64, torch.int64, torch.bool) for s in shapes)
 
 
-def test_gumbel_sequential_halving_visit_pattern():
+@pytest.mark.parametrize("leaves", [1, 4])
+def test_gumbel_sequential_halving_visit_pattern(leaves):
     # 4 valid actions, 16 simulations: 4 actions x 2 visits, then 2 actions x 4 more.
     env = SyntheticEnv(num_actions=4, depth=8, invalid_fraction=0.0)
-    out = mcts.gumbel_muzero_policy(env.root(3), env.expand, num_simulations=16, max_num_considered_actions=4)
+    out = mcts.gumbel_muzero_policy(
+        env.root(3), env.expand, num_simulations=16, max_num_considered_actions=4, leaves_per_iteration=leaves
+    )
     counts = out.search_tree.children_visits[:, 0].sort(-1).values
     assert counts.tolist() == [[2, 2, 6, 6]] * 3
     # The proposed action is one of the two most visited.

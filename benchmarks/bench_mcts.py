@@ -1,0 +1,230 @@
+"""Simulations per second of the batched mcts core against plain Python, one tree at a time.
+
+Both search the same synthetic environment (mcts.synthetic.SyntheticEnv, re-implemented on
+Python ints for the baseline and checked equal) with the same PUCT rule, min-max normalised Q
+and mctx backup. The batched core runs B trees at once; the baseline runs them one by one, so
+its rate does not depend on B. Prints one line per configuration with the ratio.
+
+    .venv/bin/python benchmarks/bench_mcts.py            # B in {1, 64, 1024}, 64 simulations
+    .venv/bin/python benchmarks/bench_mcts.py --quick    # tiny run
+    .venv/bin/python benchmarks/bench_mcts.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+import mcts
+from mcts.synthetic import _CORRECT_BIT, _DEPTH_SHIFT, _HASH_MASK, SyntheticEnv
+
+PB_C_INIT, PB_C_BASE = 1.25, 19652.0
+_M64 = (1 << 64) - 1
+
+
+def _wrap(x: int) -> int:
+    """Python int -> signed int64 with wraparound, as torch computes."""
+    x &= _M64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _mix(x: int) -> int:
+    x = _wrap(x)
+    x = _wrap((x ^ (x >> 29)) * 0x5851F42D4C957F2D)
+    x = _wrap((x ^ (x >> 32)) * 0x14057B7EF767814F)
+    return (x ^ (x >> 29)) & _HASH_MASK
+
+
+def _unit(h: int, salt: int) -> float:
+    return (_mix(h + salt) % 1_000_003) / 1_000_003.0
+
+
+class ScalarEnv:
+    """SyntheticEnv on Python ints: the baseline's expand function, one node at a time."""
+
+    def __init__(self, env: SyntheticEnv):
+        self.env = env
+        self.k = env.num_actions
+
+    def correct_action(self, depth: int) -> int:
+        return _mix(depth + 1000 * (self.env.seed + 1)) % self.k
+
+    def node(self, handle: int) -> tuple[list[float], float]:
+        depth = handle >> _DEPTH_SHIFT
+        correct = (handle & _CORRECT_BIT) != 0
+        h = handle & _HASH_MASK
+        best = self.correct_action(depth)
+        logits = []
+        for a in range(self.k):
+            hk = h * (self.k + 1) + a
+            logit = 2.0 * _unit(hk, 1) - 1.0 + (self.env.prior_hint if a == best else 0.0)
+            missing = _unit(hk, 2) < self.env.invalid_fraction and a != best
+            logits.append(-math.inf if missing else logit)
+        return logits, 0.4 * _unit(h, 3) + 0.4 * float(correct)
+
+    def expand(self, parent: int, action: int) -> tuple[float, float, list[float], float, int, bool]:
+        depth = (parent >> _DEPTH_SHIFT) + 1
+        on_path = (parent & _CORRECT_BIT) != 0 and action == self.correct_action(depth - 1)
+        h = _mix((parent & _HASH_MASK) * (self.k + 1) + action + 1)
+        handle = (depth << _DEPTH_SHIFT) | (_CORRECT_BIT if on_path else 0) | h
+        logits, value = self.node(handle)
+        terminal = depth >= self.env.depth
+        reward = 1.0 if terminal and on_path else 0.0
+        return reward, (0.0 if terminal else self.env.discount), logits, (0.0 if terminal else value), handle, terminal
+
+
+class PythonTree:
+    """One search tree as Python lists (the baseline): the same statistics as mcts.Tree."""
+
+    def __init__(self, logits: list[float], value: float, handle: int, k: int):
+        self.k = k
+        self.visits, self.value, self.raw, self.handle, self.terminal = [1], [value], [value], [handle], [False]
+        self.logits, self.parent, self.action = [logits], [-1], [-1]
+        self.child = [[-1] * k]
+        self.n = [[0] * k]
+        self.r = [[0.0] * k]
+        self.d = [[0.0] * k]
+        self.cv = [[0.0] * k]
+
+    def select(self, s: int) -> int:
+        q = [self.r[s][a] + self.d[s][a] * self.cv[s][a] for a in range(self.k)]
+        visited = [q[a] for a in range(self.k) if self.n[s][a] > 0]
+        lo, hi = min([self.value[s]] + visited), max([self.value[s]] + visited)
+        finite = [x for x in self.logits[s] if x != -math.inf]
+        top = max(finite)
+        z = sum(math.exp(x - top) for x in finite)
+        pb_c = PB_C_INIT + math.log((self.visits[s] + PB_C_BASE + 1) / PB_C_BASE)
+        best, best_score = -1, -math.inf
+        for a in range(self.k):
+            if self.logits[s][a] == -math.inf:
+                continue
+            qn = ((q[a] if self.n[s][a] > 0 else lo) - lo) / max(hi - lo, 1e-8)
+            p = math.exp(self.logits[s][a] - top) / z
+            score = qn + math.sqrt(self.visits[s]) * pb_c * p / (self.n[s][a] + 1)
+            if score > best_score:
+                best, best_score = a, score
+        return best
+
+    def simulate(self, env: ScalarEnv) -> None:
+        s = 0
+        while True:
+            a = self.select(s)
+            c = self.child[s][a]
+            if c < 0:
+                r, d, logits, v, h, term = env.expand(self.handle[s], a)
+                if all(x == -math.inf for x in logits):
+                    term, d, v = True, 0.0, 0.0
+                c = len(self.visits)
+                self.visits.append(1)
+                self.value.append(v)
+                self.raw.append(v)
+                self.handle.append(h)
+                self.terminal.append(term)
+                self.logits.append(logits)
+                self.parent.append(s)
+                self.action.append(a)
+                self.child.append([-1] * self.k)
+                self.n.append([0] * self.k)
+                self.r.append([0.0] * self.k)
+                self.d.append([0.0] * self.k)
+                self.cv.append([0.0] * self.k)
+                self.child[s][a], self.r[s][a], self.d[s][a] = c, r, d
+                break
+            if self.terminal[c]:
+                self.visits[c] += 1
+                break
+            s = c
+        g = self.value[c]
+        while c != 0:
+            p, a = self.parent[c], self.action[c]
+            g = self.r[p][a] + self.d[p][a] * g
+            self.value[p] = (self.value[p] * self.visits[p] + g) / (self.visits[p] + 1)
+            self.visits[p] += 1
+            self.cv[p][a] = self.value[c]
+            self.n[p][a] += 1
+            c = p
+
+
+def python_baseline(env: SyntheticEnv, num_trees: int, num_simulations: int) -> tuple[float, float]:
+    """(simulations/s, mean root value) of the plain-Python search over num_trees trees."""
+    scalar = ScalarEnv(env)
+    root = env.root(num_trees)
+    start = time.perf_counter()
+    values = []
+    for b in range(num_trees):
+        logits = [float(x) for x in root.prior_logits[b]]
+        tree = PythonTree(logits, float(root.value[b]), int(root.handle[b]), env.num_actions)
+        for _ in range(num_simulations):
+            tree.simulate(scalar)
+        values.append(tree.value[0])
+    elapsed = time.perf_counter() - start
+    return num_trees * num_simulations / elapsed, sum(values) / len(values)
+
+
+def batched(env: SyntheticEnv, policy, b: int, num_simulations: int, leaves: int, device: str) -> tuple[float, float]:
+    """(simulations/s, mean root value) of one batched search of b trees (after a warm-up)."""
+    kwargs = {"dirichlet_fraction": 0.0} if policy is mcts.muzero_policy else {}
+    policy(env.root(min(b, 2), device=device), env.expand, num_simulations=4, device=device, **kwargs)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = policy(
+        env.root(b, device=device), env.expand, num_simulations=num_simulations,
+        leaves_per_iteration=leaves, device=device, **kwargs,
+    )
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    assert int(out.search_tree.num_simulations.min()) == num_simulations
+    return b * num_simulations / elapsed, float(mcts.summary(out.search_tree).value.mean())
+
+
+def check_same_environment(env: SyntheticEnv) -> None:
+    """The baseline's scalar environment must return what the tensor one returns."""
+    scalar = ScalarEnv(env)
+    root = env.root(3)
+    parents = root.handle.unsqueeze(-1).expand(3, env.num_actions).contiguous()
+    actions = torch.arange(env.num_actions).expand(3, env.num_actions).contiguous()
+    out = env.expand(parents, actions, torch.ones_like(parents, dtype=torch.bool))
+    for i in range(3):
+        for a in range(env.num_actions):
+            r, _, logits, v, h, _ = scalar.expand(int(parents[i, a]), a)
+            assert h == int(out.handle[i, a]) and r == float(out.reward[i, a])
+            assert abs(v - float(out.value[i, a])) < 1e-6
+            assert all(
+                (x == -math.inf and math.isinf(float(y))) or abs(x - float(y)) < 1e-5
+                for x, y in zip(logits, out.prior_logits[i, a])
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny run: B in {1, 8, 64}, 16 simulations")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (small ops: 1 is fastest)")
+    parser.add_argument("--simulations", type=int, default=None, help="simulations per tree")
+    args = parser.parse_args()
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    torch.set_num_threads(args.threads)
+    sims = args.simulations or (16 if args.quick else 64)
+    sizes = [1, 8, 64] if args.quick else [1, 64, 1024]
+    env = SyntheticEnv(num_actions=8, depth=6, discount=0.97)
+    check_same_environment(env)
+    base_rate, base_value = python_baseline(env, 4 if args.quick else 16, sims)
+    print(f"device={device} threads={args.threads} K={env.num_actions} depth={env.depth} simulations/tree={sims}")
+    print(f"baseline plain Python, one tree at a time: {base_rate:,.0f} sim/s (mean root value {base_value:.3f})")
+    configs = [(mcts.muzero_policy, b, 1) for b in sizes]
+    configs += [(mcts.muzero_policy, sizes[-1], 4), (mcts.gumbel_muzero_policy, sizes[-1], 1)]
+    for policy, b, leaves in configs:
+        rate, value = batched(env, policy, b, sims, leaves, device)
+        print(
+            f"{policy.__name__:22s} B={b:5d} L={leaves}: {rate:>11,.0f} sim/s  x{rate / base_rate:6.2f} vs baseline"
+            f"  (mean root value {value:.3f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
