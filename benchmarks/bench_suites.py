@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataengine.suites import generate_suite, list_suites, load_tasks, save_tasks  # noqa: E402
+from dataengine.suites import generate_suite, list_suites, load_tasks, save_tasks
 
 
 def _timed(fn, repeats: int = 3):
@@ -47,12 +47,12 @@ def main() -> None:
     print(header)
     with tempfile.TemporaryDirectory() as tmp:
         for name in list_suites():
-            gen_s, tasks = _timed(lambda: generate_suite(name, n_train, n_heldout, seed=args.seed))
+            gen_s, tasks = _timed(lambda n=name: generate_suite(n, n_train, n_heldout, seed=args.seed))
             jsonl, parquet = Path(tmp) / f"{name}.jsonl", Path(tmp) / f"{name}.parquet"
-            js_save, _ = _timed(lambda: save_tasks(tasks, jsonl))
-            js_load, back = _timed(lambda: load_tasks(jsonl))
-            pq_save, _ = _timed(lambda: save_tasks(tasks, parquet))
-            pq_load, back_pq = _timed(lambda: load_tasks(parquet))
+            js_save, _ = _timed(lambda t=tasks, p=jsonl: save_tasks(t, p))
+            js_load, back = _timed(lambda p=jsonl: load_tasks(p))
+            pq_save, _ = _timed(lambda t=tasks, p=parquet: save_tasks(t, p))
+            pq_load, back_pq = _timed(lambda p=parquet: load_tasks(p))
             assert back == tasks and back_pq == tasks
             print(f"{name:<11}{gen_s:>11.3f}{len(tasks) / gen_s:>9.0f}{js_save:>11.3f}{js_load:>11.3f}"
                   f"{pq_save:>9.3f}{pq_load:>9.3f}{gen_s / js_load:>15.2f}{gen_s / pq_load:>12.2f}"

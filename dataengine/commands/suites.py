@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -26,14 +27,19 @@ def register(app: typer.Typer) -> None:
 
     @suites_app.command("generate")
     def generate_command(
-        suite: str = typer.Option(..., "--suite", help="Suite name (see `dataengine suites list`)."),
-        out: Path = typer.Option(..., "--out", help="Output task file: .jsonl or .parquet."),
-        train: int = typer.Option(1000, "--train", min=0, help="Number of train tasks."),
-        heldout: int = typer.Option(200, "--heldout", min=0, help="Number of held-out tasks."),
-        seed: int = typer.Option(0, "--seed", help="Seed; the same seed gives the same tasks."),
+        suite: Annotated[str, typer.Option("--suite", help="Suite name (see `dataengine suites list`).")],
+        out: Annotated[Path, typer.Option("--out", help="Output task file: .jsonl or .parquet.")],
+        train: Annotated[int, typer.Option("--train", min=0, help="Number of train tasks.")] = 1000,
+        heldout: Annotated[int, typer.Option("--heldout", min=0, help="Number of held-out tasks.")] = 200,
+        seed: Annotated[int, typer.Option("--seed", help="Seed; the same seed gives the same tasks.")] = 0,
     ) -> None:
         """Generate train and held-out tasks of one suite and save them to --out."""
-        from dataengine.suites import SUITE_MODULES, TaskFileError, generate_suite, save_tasks
+        from dataengine.suites import (
+            SUITE_MODULES,
+            TaskFileError,
+            generate_suite,
+            save_tasks,
+        )
         from dataengine.suites.io import SUFFIXES
 
         if suite not in SUITE_MODULES:

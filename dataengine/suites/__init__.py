@@ -10,8 +10,8 @@ suite is used, so a sandbox worker that needs one toolbox does not build the oth
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from dataengine.suites.gold import gold_turns
 from dataengine.suites.io import TaskFileError, load_tasks, save_tasks
@@ -30,7 +30,7 @@ SUITE_MODULES: dict[str, str] = {
 }
 
 
-def get_suite(name: str) -> "Suite":
+def get_suite(name: str) -> Suite:
     """The Suite called `name`; a clear error lists the known names."""
     if name not in SUITE_MODULES:
         raise KeyError(f"unknown suite {name!r}; known suites: {', '.join(SUITE_MODULES)}")
@@ -40,10 +40,10 @@ def get_suite(name: str) -> "Suite":
 class _Generators(Mapping[str, Callable[..., "list[Task]"]]):
     """Suite name -> generator(n_train, n_heldout, seed=0), importing the suite on first use."""
 
-    def __getitem__(self, name: str) -> Callable[..., "list[Task]"]:
+    def __getitem__(self, name: str) -> Callable[..., list[Task]]:
         suite = get_suite(name)
 
-        def generator(n_train: int, n_heldout: int, seed: int = 0) -> "list[Task]":
+        def generator(n_train: int, n_heldout: int, seed: int = 0) -> list[Task]:
             from dataengine.suites.base import generate
 
             return generate(suite, n_train, n_heldout, seed)
@@ -58,7 +58,7 @@ class _Generators(Mapping[str, Callable[..., "list[Task]"]]):
         return len(SUITE_MODULES)
 
 
-SUITES: Mapping[str, Callable[..., "list[Task]"]] = _Generators()
+SUITES: Mapping[str, Callable[..., list[Task]]] = _Generators()
 
 
 def list_suites() -> list[str]:
@@ -66,7 +66,7 @@ def list_suites() -> list[str]:
     return list(SUITE_MODULES)
 
 
-def generate_suite(name: str, n_train: int, n_heldout: int, seed: int = 0) -> "list[Task]":
+def generate_suite(name: str, n_train: int, n_heldout: int, seed: int = 0) -> list[Task]:
     """`n_train` train then `n_heldout` held-out tasks of suite `name`, deterministic in `seed`."""
     return SUITES[name](n_train, n_heldout, seed)
 

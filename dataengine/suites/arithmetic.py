@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import random
 
-from dataengine.suites.base import Draft, Suite, format_number, make_toolbox, tidy_number
+from dataengine.suites.base import (
+    Draft,
+    Suite,
+    format_number,
+    make_toolbox,
+    tidy_number,
+)
 from dataengine.tools.registry import register_toolbox
 from dataengine.types import Gold, ToolCall
 

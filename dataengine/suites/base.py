@@ -14,9 +14,11 @@ draws candidates from a seeded stream per split and keeps the distinct ones:
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dataengine.tools.registry import Tool, Toolbox, tool_from_callable
 from dataengine.types import Gold, Message, Split, Task
@@ -143,7 +145,7 @@ def _draw(
     return tasks
 
 
-def format_number(x: float | int) -> str:
+def format_number(x: float) -> str:
     """A number as an answer text: integers without ".0", others with up to 6 significant digits."""
     if isinstance(x, bool):
         raise TypeError("expected a number, got a bool")
@@ -155,11 +157,11 @@ def format_number(x: float | int) -> str:
     return text
 
 
-def tidy_number(x: float | int) -> float | int:
+def tidy_number(x: float) -> float | int:
     """A tool's numeric output: ints stay ints, integral floats become ints, others keep 10 decimals."""
     if isinstance(x, int):
         return x
-    if x != x or x in (float("inf"), float("-inf")):
+    if not math.isfinite(x):
         raise ValueError(f"result is not a finite number: {x}")
     if float(x).is_integer():
         return int(x)

@@ -304,9 +304,11 @@ LINKS: dict[str, Link] = {
 }  # fmt: skip
 FUNCTIONS = {
     fn.__name__: fn
-    for fn in [city_country, country_capital, country_currency, exchange_rate_to_usd, country_language,
-               language_greeting, country_continent, country_trade_partner, city_twin_city, city_population,
-               city_mayor, person_birth_city, city_airport, airport_elevation]  # fmt: skip
+    for fn in [
+        city_country, country_capital, country_currency, exchange_rate_to_usd, country_language,
+        language_greeting, country_continent, country_trade_partner, city_twin_city, city_population,
+        city_mayor, person_birth_city, city_airport, airport_elevation,
+    ]
 }
 # Edges that only undo the previous step (the country of the capital of X is X).
 TRIVIAL_EDGES = {("country_capital", "city_country")}
@@ -328,7 +330,7 @@ TOOLBOX = register_toolbox(make_toolbox("chains", list(FUNCTIONS.values())))
 
 
 @lru_cache(maxsize=1)
-def tool_graph() -> "nx.DiGraph":
+def tool_graph() -> nx.DiGraph:
     """Tool-dependency graph: a node per tool (attributes input, output), an edge u -> v when
     u's output kind is v's input kind (minus TRIVIAL_EDGES)."""
     import networkx as nx
@@ -396,8 +398,13 @@ def draft(rng: random.Random) -> Draft:
         key=f"{start}|{'>'.join(path)}",
         offered=tuple(name for name in FUNCTIONS if name in offered),
         gold=Gold(answer=answer, calls=calls, needs_tool=True),
-        metadata={"difficulty": len(path), "n_steps": len(path), "template": template, "path": path,
-                  "answer_rel_tol": 0.0},  # fmt: skip
+        metadata={
+            "difficulty": len(path),
+            "n_steps": len(path),
+            "template": template,
+            "path": path,
+            "answer_rel_tol": 0.0,
+        },
     )
 
 

@@ -127,11 +127,12 @@ def _load_jsonl(path: Path) -> tuple[list[Task], list[dict[str, int]]]:
 
 
 def _load_parquet(path: Path) -> tuple[list[Task], list[dict[str, int]]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for unreadable files
+    except (pa.ArrowException, OSError) as exc:
         raise TaskFileError(path, f"not a readable Parquet file ({exc})") from None
     if "task" not in table.column_names:
         raise TaskFileError(path, f"missing column 'task' (columns: {', '.join(table.column_names)})")

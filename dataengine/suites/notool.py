@@ -53,17 +53,7 @@ FACTS = [
     ("What is the largest planet in our solar system?", "Jupiter"), ("How many seconds are in a minute?", "60"),
     ("What is the opposite of left?", "right"),
 ]  # fmt: skip
-WORDS = """apple river yes no hello thanks green blue purple orange window garden table pencil rocket
-planet forest silver golden winter summer autumn spring bridge castle dragon falcon guitar hammer island
-jacket kitten lemon marble needle ocean pepper quartz rabbit saddle tiger umbrella violin walnut yellow
-zebra anchor basket candle desert engine feather glacier harbor igloo jungle kettle ladder meadow
-napkin orchard pillow quiver ribbon sunset tunnel valley wagon yogurt acorn banana cactus dolphin eagle
-fossil goblet helmet insect jigsaw koala lantern magnet nectar otter parrot quilt raven spider turtle
-unicorn velvet whistle canyon breeze comet lizard mango nutmeg oyster panda sparrow tomato waffle
-cherry copper cotton crystal dinner donkey elbow fabric fiddle finger flower frozen ginger hollow
-honey hunter jelly jungle kernel kidney legend linen lotus mirror monkey muffin object orbit oxygen
-paddle palace peanut pebble pirate pocket puzzle radar rocket salad shadow silk sugar tablet thunder
-timber tulip velvet vessel wander wizard""".split()
+WORDS = ["apple", "river", "yes", "no", "hello", "thanks", "green", "blue", "purple", "orange", "window", "garden", "table", "pencil", "rocket", "planet", "forest", "silver", "golden", "winter", "summer", "autumn", "spring", "bridge", "castle", "dragon", "falcon", "guitar", "hammer", "island", "jacket", "kitten", "lemon", "marble", "needle", "ocean", "pepper", "quartz", "rabbit", "saddle", "tiger", "umbrella", "violin", "walnut", "yellow", "zebra", "anchor", "basket", "candle", "desert", "engine", "feather", "glacier", "harbor", "igloo", "jungle", "kettle", "ladder", "meadow", "napkin", "orchard", "pillow", "quiver", "ribbon", "sunset", "tunnel", "valley", "wagon", "yogurt", "acorn", "banana", "cactus", "dolphin", "eagle", "fossil", "goblet", "helmet", "insect", "jigsaw", "koala", "lantern", "magnet", "nectar", "otter", "parrot", "quilt", "raven", "spider", "turtle", "unicorn", "velvet", "whistle", "canyon", "breeze", "comet", "lizard", "mango", "nutmeg", "oyster", "panda", "sparrow", "tomato", "waffle", "cherry", "copper", "cotton", "crystal", "dinner", "donkey", "elbow", "fabric", "fiddle", "finger", "flower", "frozen", "ginger", "hollow", "honey", "hunter", "jelly", "jungle", "kernel", "kidney", "legend", "linen", "lotus", "mirror", "monkey", "muffin", "object", "orbit", "oxygen", "paddle", "palace", "peanut", "pebble", "pirate", "pocket", "puzzle", "radar", "rocket", "salad", "shadow", "silk", "sugar", "tablet", "thunder", "timber", "tulip", "velvet", "vessel", "wander", "wizard"]
 WORDS = sorted(set(WORDS))
 KINDS = ["capital", "fact", "reply_word", "uppercase", "first_letter", "trivial_arithmetic"]
 KIND_WEIGHTS = [1, 1, 3, 2, 2, 3]

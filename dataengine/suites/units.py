@@ -12,7 +12,13 @@ from __future__ import annotations
 import random
 from typing import Literal
 
-from dataengine.suites.base import Draft, Suite, format_number, make_toolbox, tidy_number
+from dataengine.suites.base import (
+    Draft,
+    Suite,
+    format_number,
+    make_toolbox,
+    tidy_number,
+)
 from dataengine.tools.registry import register_toolbox
 from dataengine.types import Gold, ToolCall
 
@@ -121,7 +127,7 @@ def _value(rng: random.Random, dim: str, from_unit: str) -> int | float:
     return round(rng.uniform(0.5, 500), 1)
 
 
-def _phrase(rng: random.Random, value: int | float, from_unit: str, to_unit: str) -> tuple[str, str]:
+def _phrase(rng: random.Random, value: float, from_unit: str, to_unit: str) -> tuple[str, str]:
     v = format_number(value)
     src = NAMES[from_unit][0 if value == 1 else 1]
     dst = NAMES[to_unit][1]
