@@ -100,6 +100,8 @@ class Store:
         target_file_size: int | None = None,
     ) -> None:
         self.root = Path(root).expanduser()
+        if max_retries < 1:
+            raise ValueError(f"max_retries must be >= 1, got {max_retries}")
         self.max_retries = max_retries
         self.check_files = check_files
         self.target_file_size = target_file_size

@@ -183,3 +183,27 @@ def test_append_a_record_batch_stream(tmp_path):
     stream = pa.RecordBatchReader.from_batches(batches[0].schema, iter(batches))
     store.append("nodes", stream, run_id="r", shard_id="0")
     assert store.nodes().collect().height == 300
+
+
+def test_newer_table_schema_version_is_refused(tmp_path):
+    from deltalake import DeltaTable
+
+    from storage.schemas import RUNS
+
+    store = Store(tmp_path)
+    store.append("evals", [{"model_id": "m", "metric": "greedy_success"}], run_id="r", shard_id="0")
+    DeltaTable.create(str(tmp_path / "runs"), schema=RUNS.schema, description=json.dumps({"schema_version": 99}))
+    with pytest.raises(NewerSchemaError, match="table 'runs'.*schema version 99"):
+        store.runs()
+    with pytest.raises(NewerSchemaError, match="table 'runs'"):
+        Store(tmp_path).append("runs", [{"kind": "generate"}], run_id="r", shard_id="0")
+    assert store.evals().collect().height == 1
+
+
+def test_missing_data_file_is_named(tmp_path):
+    store = Store(tmp_path)
+    store.append("nodes", node_rows("a", 3), run_id="r", shard_id="0")
+    (data,) = list((tmp_path / "nodes").glob("*.parquet"))
+    data.unlink()
+    with pytest.raises(CorruptFileError, match=f"{data.name}.*shard '0'.*missing"):
+        store.nodes()
