@@ -275,6 +275,31 @@ def test_tool_errors_are_clear():
     assert state == db  # failed calls change nothing
 
 
+def test_shop_read_only_tools_never_change_the_database():
+    from dataengine.suites.shop import READ_ONLY
+
+    box = get_toolbox("shop")
+    assert {n for n, t in box.tools.items() if not t.writes_state} == set(READ_ONLY)
+    for task in generate_suite("shop", 100, 0, seed=4):
+        state = json.loads(json.dumps(task.initial_state))
+        for call in task.gold.calls:
+            out = box.tools[call.name].fn(state, **call.arguments)
+            if call.name in READ_ONLY:
+                assert state == task.initial_state
+                _scribble(out)  # outputs are copies: changing them leaves the database alone
+                assert state == task.initial_state
+
+
+def _scribble(value):
+    """Overwrite every leaf of a JSON-like value in place."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in list(items):
+        if isinstance(child, (dict, list)):
+            _scribble(child)
+        else:
+            value[key] = "scribbled"
+
+
 def test_shop_tools_change_state_consistently():
     from dataengine.suites import shop
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,8 +63,8 @@ class Suite:
     draft: Callable[[random.Random], Draft]
 
 
-def make_tool(fn: Callable[..., Any]) -> Tool:
-    """`tool_from_callable` without importing torch.
+def make_tool(fn: Callable[..., Any], writes_state: bool = True) -> Tool:
+    """`tool_from_callable` without importing torch (`writes_state=False`: a read-only stateful tool).
 
     transformers' schema code imports torch on every call only to map torch.Tensor to an
     "audio" type, which no built-in tool uses; importing torch would add ~1 s and hundreds of MB
@@ -75,7 +75,7 @@ def make_tool(fn: Callable[..., Any]) -> Tool:
     real = chat_template_utils.is_torch_available
     chat_template_utils.is_torch_available = lambda: False
     try:
-        return tool_from_callable(fn)
+        return tool_from_callable(fn, writes_state=writes_state)
     finally:
         chat_template_utils.is_torch_available = real
 
@@ -84,9 +84,17 @@ def make_toolbox(
     name: str,
     functions: list[Callable[..., Any]],
     make_initial_state: Callable[[Any], dict[str, Any] | None] | None = None,
+    read_only: Collection[str] = (),
 ) -> Toolbox:
-    """A Toolbox of `functions` (keyed by function name), schemas derived from their docstrings."""
-    tools = [make_tool(fn) for fn in functions]
+    """A Toolbox of `functions` (keyed by function name), schemas derived from their docstrings.
+
+    read_only: names of stateful tools that never change the state (the sandbox then does not
+    send the state back after them).
+    """
+    unknown = set(read_only) - {fn.__name__ for fn in functions}
+    if unknown:
+        raise ValueError(f"read_only names tools that are not in toolbox {name!r}: {sorted(unknown)}")
+    tools = [make_tool(fn, writes_state=fn.__name__ not in read_only) for fn in functions]
     return Toolbox(name=name, tools={t.name: t for t in tools}, make_initial_state=make_initial_state)
 
 

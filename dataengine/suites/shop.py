@@ -209,6 +209,10 @@ def place_order(state: dict, customer_id: str, product_id: str, quantity: int) -
     return _order_view(order_id, state["orders"][order_id])
 
 
+# Lookups: they return copies and never change the database.
+READ_ONLY = ("find_customer", "list_customer_orders", "get_order", "find_product", "get_product")
+
+
 def default_database(task: Any = None) -> dict[str, Any]:
     """The database for a shop task that brings none (hand-written tasks): a fixed random one."""
     return make_database(random.Random("shop-default-database"))
@@ -220,6 +224,7 @@ TOOLBOX = register_toolbox(
         [find_customer, list_customer_orders, get_order, find_product, get_product, cancel_order,
          change_shipping_address, restock, place_order],
         make_initial_state=default_database,
+        read_only=READ_ONLY,
     )
 )
 
