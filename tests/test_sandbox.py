@@ -218,9 +218,30 @@ def test_same_call_gives_the_same_result_on_any_worker(sandbox):
     assert len(set(outs)) == 1
 
 
-def test_tool_prints_do_not_reach_stdout(sandbox, capfd):
+def test_tool_prints_do_not_reach_stdout_or_stderr(sandbox, capfd):
     assert sandbox.call(BOX, tc("shout", text="LOUD"))[0].output == 4
-    assert "LOUD" not in capfd.readouterr().out
+    assert sandbox.call(BOX, tc("warn", text="NOISY"))[0].output == 5
+    captured = capfd.readouterr()
+    assert "LOUD" not in captured.out and "NOISY" not in captured.err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, only unreaped
+    except FileNotFoundError:
+        return False
+
+
+def test_timeout_also_ends_processes_the_tool_started(sandbox, tmp_path):
+    pid_file = tmp_path / "child.pid"
+    result, _ = sandbox.call(BOX, tc("spawn_and_hang", pid_file=str(pid_file)))
+    assert result.status == "timeout"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
 
 
 def test_bad_items_are_rejected_with_a_clear_error(sandbox):

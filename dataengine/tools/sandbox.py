@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -331,6 +332,12 @@ class _Worker:
         return self.process.exitcode
 
     def kill(self) -> None:
+        if self.process.pid is not None:
+            try:
+                # The worker leads its own session, so this also ends processes its tools started.
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5.0)
@@ -384,6 +391,7 @@ class CpuLimitExceeded(BaseException):
 
 _in_call = False
 _IMPORT_ERRORS: list[str] = []
+_DEVNULL = _STDERR = -1
 
 
 def _on_sigxcpu(signum: int, frame: Any) -> None:
@@ -422,10 +430,17 @@ def _worker_main(conn: Connection, limits: Limits, preload: tuple[str, ...], mod
 
     from dataengine.tools.registry import get_toolbox
 
-    # Tool prints must not reach the engine's stdout.
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)
+    global _DEVNULL, _STDERR
+    try:
+        os.setsid()  # own process group: a kill reaches the processes a tool started too
+    except OSError:
+        pass
+    # Tool prints must not reach the engine's stdout (stderr is silenced during calls only,
+    # so a worker that fails to start still says why).
+    _DEVNULL = os.open(os.devnull, os.O_RDWR)
+    _STDERR = os.dup(2)
+    os.dup2(_DEVNULL, 0)
+    os.dup2(_DEVNULL, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGXCPU, _on_sigxcpu)
     _isolate_network()
@@ -487,8 +502,11 @@ def _execute(
 
     if tool.stateful and state is None:
         state = {}
-    # Tools that draw from `random` give the same draw for the same call.
-    random.seed(json.dumps([toolbox_name, name, arguments], sort_keys=True, default=str))
+    # Tools that draw from `random` (or numpy's global generator) give the same draw for the same call.
+    seed = json.dumps([toolbox_name, name, arguments], sort_keys=True, default=str)
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(zlib.crc32(seed.encode()))
     soft_as, hard_as = resource.getrlimit(resource.RLIMIT_AS)
     soft_cpu, hard_cpu = resource.getrlimit(resource.RLIMIT_CPU)
     status: ToolStatus = "ok"
@@ -497,6 +515,8 @@ def _execute(
     try:
         _set_limits(limits, hard_as, hard_cpu)
         _in_call = True
+        if _DEVNULL >= 0:
+            os.dup2(_DEVNULL, 2)
         try:
             out = tool.fn(state, **arguments) if tool.stateful else tool.fn(**arguments)
             output_json = _to_json(out, "output")
@@ -505,6 +525,9 @@ def _execute(
                 state_json = _to_json(state, "state", ascii_only=True)
         finally:
             _in_call = False
+            if _STDERR >= 0:
+                sys.stderr.flush()
+                os.dup2(_STDERR, 2)
             resource.setrlimit(resource.RLIMIT_AS, (soft_as, hard_as))
             resource.setrlimit(resource.RLIMIT_CPU, (soft_cpu, hard_cpu))
     except CpuLimitExceeded:

@@ -148,6 +148,30 @@ def raw_connect(host: str, port: int) -> str:
         s.close()
 
 
+def spawn_and_hang(pid_file: str) -> None:
+    """Start a child process that sleeps, write its pid to a file, then hang.
+
+    Args:
+        pid_file: Where to write the child's process id.
+    """
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    with open(pid_file, "w") as f:
+        f.write(str(child.pid))
+    time.sleep(60)
+
+
+def warn(text: str) -> int:
+    """Write a text to stderr (the sandbox must swallow it) and return its length.
+
+    Args:
+        text: The text to write.
+    """
+    print(text, file=sys.stderr, flush=True)
+    return len(text)
+
+
 def whoami() -> int:
     """Return the worker's process id (to check that workers are reused)."""
     return os.getpid()
@@ -223,7 +247,7 @@ def push_then_fail(state: dict, item: str) -> None:
 
 TOOLS = [
     add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
-    not_json, lucky_number, connect, network_interfaces, raw_connect, whoami, nap, imported, shout, push, pop, push_then_fail,
+    not_json, lucky_number, connect, network_interfaces, raw_connect, spawn_and_hang, warn, whoami, nap, imported, shout, push, pop, push_then_fail,
 ]
 
 TOOLBOX = register_toolbox(
