@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storage import Store  # noqa: E402
-from storage.export import ExportFilters, export  # noqa: E402
-from storage.queries import node_stats  # noqa: E402
+from storage import Store
+from storage.export import ExportFilters, export
+from storage.queries import node_stats
 
 
 def node_table(n: int, seed: int = 0) -> pa.Table:

@@ -87,7 +87,7 @@ class ExportFilters:
         if self.where:
             try:
                 frame = frame.filter(pl.sql_expr(self.where))
-            except Exception as exc:  # noqa: BLE001 - Polars raises several SQL error types
+            except Exception as exc:
                 raise ValueError(f"bad --where expression {self.where!r}: {exc}") from exc
         if self.limit is not None:
             frame = frame.head(self.limit)

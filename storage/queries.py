@@ -5,7 +5,7 @@ All functions take a `Store` and return a LazyFrame (call `.collect()`), except 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import networkx as nx
 import polars as pl
@@ -103,7 +103,7 @@ def node_stats(store: Store, by: Sequence[str] = ("depth",)) -> pl.LazyFrame:
     return (
         store.nodes()
         .group_by(by)
-        .agg(nodes=pl.len(), terminal_rate=pl.col("terminal").cast(pl.Float64).mean(), *stats)
+        .agg(pl.len().alias("nodes"), pl.col("terminal").cast(pl.Float64).mean().alias("terminal_rate"), *stats)
         .sort(by)
     )
 

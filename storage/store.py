@@ -21,9 +21,10 @@ import os
 import random
 import subprocess
 import time
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -65,13 +66,13 @@ def git_version(cwd: str | Path | None = None) -> str | None:
     """The git sha of the working tree at `cwd` (suffix -dirty when it has changes), or None."""
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "HEAD"], check=False, cwd=cwd, capture_output=True, text=True, timeout=10
         )
         if sha.returncode != 0:
             return None
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, timeout=10,
+            check=False, cwd=cwd, capture_output=True, text=True, timeout=10,
         )
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
@@ -247,7 +248,7 @@ class Store:
         if isinstance(rows, pa.Table):
             present = list(rows.column_names)
             n = rows.num_rows
-            get = lambda name: rows.column(name)  # noqa: E731
+            get = lambda name: rows.column(name)
         elif isinstance(rows, (list, tuple)) and not rows:
             return spec.schema.empty_table()
         elif isinstance(rows, (list, tuple)):
@@ -255,7 +256,7 @@ class Store:
                 raise SchemaMismatchError(f"table {table!r}: rows must be dicts, a pyarrow Table or a polars DataFrame")
             present = list(dict.fromkeys(k for r in rows for k in r))
             n = len(rows)
-            get = lambda name: [r.get(name) for r in rows]  # noqa: E731
+            get = lambda name: [r.get(name) for r in rows]
         else:
             raise SchemaMismatchError(
                 f"table {table!r}: rows must be a list of dicts, a pyarrow Table or a polars "
@@ -272,7 +273,7 @@ class Store:
             raise SchemaMismatchError(f"table {table!r}: required column(s) missing: {', '.join(missing)}")
 
         arrays = []
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         for col in spec.columns:
             if col.name in KEY_COLUMNS:
                 want = run_id if col.name == "run_id" else shard_id
@@ -433,7 +434,7 @@ class Store:
             if full:
                 try:
                     pq.read_table(path)
-                except Exception as exc:  # noqa: BLE001 - any reader failure means a bad file
+                except Exception as exc:
                     raise CorruptFileError(f"table {table!r}: data file {path} ({shard}) is unreadable: {exc}") from exc
 
     def scan(self, table: str, version: int | None = None) -> pl.LazyFrame:
@@ -499,7 +500,7 @@ class Store:
             # Resolving the schema checks table and column names now, not at collect time.
             frame.collect_schema()
             return frame
-        except Exception as exc:  # noqa: BLE001 - Polars raises several SQL error types
+        except Exception as exc:
             for name, reason in broken.items():
                 if name in query:
                     raise StoreError(f"query names table {name!r}, which is unreadable: {reason}") from exc

@@ -40,7 +40,7 @@ def test_embeddings_are_normalised_deterministic_and_meaningful():
 
 
 def test_embedding_chunks_do_not_change_the_result(monkeypatch):
-    import storage.dedup as dedup
+    from storage import dedup
 
     texts = [f"user asks for item {i} " * (i % 7 + 1) for i in range(200)]
     whole = hashed_ngram_embeddings(texts)

@@ -74,7 +74,7 @@ def test_concurrent_writes_of_the_same_shards_leave_one_copy(tmp_path):
 
 def test_writer_killed_mid_shard_leaves_nothing_visible(tmp_path):
     store = Store(tmp_path)
-    store.append("nodes", [dict(task_id="t", tree_id="small", node_id=0)], run_id="r", shard_id="small")
+    store.append("nodes", [{"task_id": "t", "tree_id": "small", "node_id": 0}], run_id="r", shard_id="small")
     log = tmp_path / "nodes" / "_delta_log"
     before = sorted(log.glob("*.json"))
     proc = _spawn(BIG_WRITER, str(tmp_path))
@@ -87,5 +87,5 @@ def test_writer_killed_mid_shard_leaves_nothing_visible(tmp_path):
     frame = Store(tmp_path).nodes().collect()
     assert frame["shard_id"].to_list() == ["small"]
     # The shard can be written again after the crash.
-    Store(tmp_path).append("nodes", [dict(task_id="t", tree_id="big", node_id=0)], run_id="r", shard_id="big")
+    Store(tmp_path).append("nodes", [{"task_id": "t", "tree_id": "big", "node_id": 0}], run_id="r", shard_id="big")
     assert Store(tmp_path).committed_shards("nodes", "r") == {"small", "big"}

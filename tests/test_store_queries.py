@@ -10,7 +10,13 @@ from typer.testing import CliRunner
 
 from dataengine.cli import app
 from storage import Store
-from storage.queries import histogram, node_stats, success_rate, tree_graph, verifier_pass_rates
+from storage.queries import (
+    histogram,
+    node_stats,
+    success_rate,
+    tree_graph,
+    verifier_pass_rates,
+)
 
 
 def verdict(name: str, passed: bool | None, score: float) -> dict:

@@ -7,11 +7,11 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
-DEFAULT_STORE = os.environ.get("DATAENGINE_STORE", "runs/store")
+DEFAULT_STORE = Path(os.environ.get("DATAENGINE_STORE", "runs/store"))
 STORE_HELP = "Store root folder (default: $DATAENGINE_STORE or runs/store)."
 
 
@@ -57,11 +57,11 @@ def _open(store: Path):
 def register(app: typer.Typer) -> None:
     @app.command("query")
     def query_command(
-        sql: str = typer.Argument(..., help='SQL over the store tables, e.g. "SELECT suite, avg(reward) FROM trajectories GROUP BY suite".'),
-        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
-        format: QueryFormat = typer.Option(QueryFormat.table, "--format", help="Output format."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout (required for parquet)."),
-        limit: int = typer.Option(50, "--max-rows", help="Rows shown by --format table."),
+        sql: Annotated[str, typer.Argument(help='SQL over the store tables, e.g. "SELECT suite, avg(reward) FROM trajectories GROUP BY suite".')],
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
+        format: Annotated[QueryFormat, typer.Option("--format", help="Output format.")] = QueryFormat.table,
+        out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout (required for parquet).")] = None,
+        limit: Annotated[int, typer.Option("--max-rows", help="Rows shown by --format table.")] = 50,
     ) -> None:
         """Run SQL (Polars SQLContext) with every written table registered by name."""
         import polars as pl
@@ -92,26 +92,26 @@ def register(app: typer.Typer) -> None:
 
     @app.command("export")
     def export_command(
-        kind: ExportKind = typer.Argument(..., help="pairs (DPO), sft (SFT) or replay (GRPO prompts)."),
-        out: Path = typer.Option(..., "--out", help="Output file (parquet, jsonl) or folder (hf)."),
-        format: ExportFormat = typer.Option(ExportFormat.parquet, "--format", help="parquet, jsonl or hf (datasets save_to_disk)."),
-        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
-        run_id: list[str] = typer.Option([], "--run-id", help="Keep rows of these runs (repeatable)."),
-        suite: list[str] = typer.Option([], "--suite", help="Keep rows of these suites (repeatable)."),
-        task_id: list[str] = typer.Option([], "--task-id", help="Keep rows of these tasks (repeatable)."),
-        row_kind: list[str] = typer.Option([], "--kind", help="pairs: step|trajectory; sft: rs|recovery (repeatable)."),
-        min_margin: Optional[float] = typer.Option(None, "--min-margin", help="pairs: margin >= this."),
-        min_score: Optional[float] = typer.Option(None, "--min-score", help="sft: score >= this."),
-        min_p_success: Optional[float] = typer.Option(None, "--min-p-success", help="replay: p_success >= this."),
-        max_p_success: Optional[float] = typer.Option(None, "--max-p-success", help="replay: p_success <= this."),
-        where: Optional[str] = typer.Option(None, "--where", help="SQL boolean expression over the source table."),
-        limit: Optional[int] = typer.Option(None, "--limit", min=0, help="At most this many rows before dedup."),
-        version: Optional[int] = typer.Option(None, "--version", help="Read this Delta version of the source table."),
-        dedup: DedupMode = typer.Option(DedupMode.exact, "--dedup", help="none, exact, or near (exact + embeddings)."),
-        near_threshold: float = typer.Option(0.95, "--near-threshold", help="Cosine at which rows are near duplicates."),
-        embedder: str = typer.Option("ngram", "--embedder", help="ngram (no download) or st:<sentence-transformers model>."),
-        include_logprobs: bool = typer.Option(False, "--include-logprobs", help="pairs: add ref_chosen_logps/ref_rejected_logps from the behaviour log-probs."),
-        record_run_id: Optional[str] = typer.Option(None, "--record-run-id", help="Also record the export as this run in the runs table."),
+        kind: Annotated[ExportKind, typer.Argument(help="pairs (DPO), sft (SFT) or replay (GRPO prompts).")],
+        out: Annotated[Path, typer.Option("--out", help="Output file (parquet, jsonl) or folder (hf).")],
+        format: Annotated[ExportFormat, typer.Option("--format", help="parquet, jsonl or hf (datasets save_to_disk).")] = ExportFormat.parquet,
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
+        run_id: Annotated[list[str] | None, typer.Option("--run-id", help="Keep rows of these runs (repeatable).")] = None,
+        suite: Annotated[list[str] | None, typer.Option("--suite", help="Keep rows of these suites (repeatable).")] = None,
+        task_id: Annotated[list[str] | None, typer.Option("--task-id", help="Keep rows of these tasks (repeatable).")] = None,
+        row_kind: Annotated[list[str] | None, typer.Option("--kind", help="pairs: step|trajectory; sft: rs|recovery (repeatable).")] = None,
+        min_margin: Annotated[float | None, typer.Option("--min-margin", help="pairs: margin >= this.")] = None,
+        min_score: Annotated[float | None, typer.Option("--min-score", help="sft: score >= this.")] = None,
+        min_p_success: Annotated[float | None, typer.Option("--min-p-success", help="replay: p_success >= this.")] = None,
+        max_p_success: Annotated[float | None, typer.Option("--max-p-success", help="replay: p_success <= this.")] = None,
+        where: Annotated[str | None, typer.Option("--where", help="SQL boolean expression over the source table.")] = None,
+        limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most this many rows before dedup.")] = None,
+        version: Annotated[int | None, typer.Option("--version", help="Read this Delta version of the source table.")] = None,
+        dedup: Annotated[DedupMode, typer.Option("--dedup", help="none, exact, or near (exact + embeddings).")] = DedupMode.exact,
+        near_threshold: Annotated[float, typer.Option("--near-threshold", help="Cosine at which rows are near duplicates.")] = 0.95,
+        embedder: Annotated[str, typer.Option("--embedder", help="ngram (no download) or st:<sentence-transformers model>.")] = "ngram",
+        include_logprobs: Annotated[bool, typer.Option("--include-logprobs", help="pairs: add ref_chosen_logps/ref_rejected_logps from the behaviour log-probs.")] = False,
+        record_run_id: Annotated[str | None, typer.Option("--record-run-id", help="Also record the export as this run in the runs table.")] = None,
     ) -> None:
         """Export pairs, sft or replay rows in the dataset format TRL reads, with lineage."""
         from storage import StoreError
@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
     store_app = typer.Typer(help="The trajectory store: tables, schemas, checks, rebuilds.", no_args_is_help=True)
 
     @store_app.command("info")
-    def info_command(store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP)) -> None:
+    def info_command(store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE) -> None:
         """Tables, Delta versions, row and file counts."""
         from rich.console import Console
         from rich.table import Table
@@ -167,8 +167,8 @@ def register(app: typer.Typer) -> None:
 
     @store_app.command("check")
     def check_command(
-        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
-        full: bool = typer.Option(False, "--full", help="Read every data file completely."),
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
+        full: Annotated[bool, typer.Option("--full", help="Read every data file completely.")] = False,
     ) -> None:
         """Check every table's data files; exit 1 naming each damaged file."""
         from storage import StoreError
@@ -186,7 +186,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(code=1)
 
     @store_app.command("schema")
-    def schema_command(table: Optional[str] = typer.Argument(None, help="One table (default: all).")) -> None:
+    def schema_command(table: str | None = typer.Argument(None, help="One table (default: all).")) -> None:
         """Print the columns of the store tables and what they hold."""
         from storage.schemas import schema_doc, table_spec
 
@@ -197,9 +197,9 @@ def register(app: typer.Typer) -> None:
 
     @store_app.command("reexport")
     def reexport_command(
-        lineage: Path = typer.Argument(..., help="lineage.json written by an export."),
-        out: Path = typer.Option(..., "--out", help="Where to write the rebuilt export."),
-        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
+        lineage: Annotated[Path, typer.Argument(help="lineage.json written by an export.")],
+        out: Annotated[Path, typer.Option("--out", help="Where to write the rebuilt export.")],
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
     ) -> None:
         """Rebuild an export exactly from its lineage (same table versions, filters, dedup)."""
         from storage import StoreError
@@ -214,9 +214,9 @@ def register(app: typer.Typer) -> None:
 
     @store_app.command("vacuum")
     def vacuum_command(
-        store: Path = typer.Option(DEFAULT_STORE, "--store", help=STORE_HELP),
-        retention_hours: int = typer.Option(168, "--retention-hours", min=0, help="Keep files younger than this."),
-        dry_run: bool = typer.Option(True, "--dry-run/--delete", help="List only (default) or delete."),
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
+        retention_hours: Annotated[int, typer.Option("--retention-hours", min=0, help="Keep files younger than this.")] = 168,
+        dry_run: Annotated[bool, typer.Option("--dry-run/--delete", help="List only (default) or delete.")] = True,
     ) -> None:
         """Remove data files no table version needs (killed writers, replaced shards)."""
         opened = _open(store)
