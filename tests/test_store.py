@@ -207,3 +207,22 @@ def test_missing_data_file_is_named(tmp_path):
     data.unlink()
     with pytest.raises(CorruptFileError, match=f"{data.name}.*shard '0'.*missing"):
         store.nodes()
+
+
+def test_row_converters_from_models_and_dicts(tmp_path):
+    from dataengine.types import Task, Verdict
+    from storage.rows import to_json, verdict_structs
+
+    verdicts = verdict_structs([
+        Verdict(name="final_answer", version="2", score=1.0, passed=True, details={"expected": "42"}),
+        {"name": "format", "version": "1", "score": 0.0, "passed": None},
+    ])
+    assert verdicts[0]["details_json"] == '{"expected":"42"}' and verdicts[1]["confidence"] == 1.0
+    task = Task(id="t1", suite="arith", messages=[{"role": "user", "content": "2+2?"}], toolbox="arith")
+    store = Store(tmp_path)
+    store.append("trajectories", [{"task_id": "t1", "traj_id": "x", "verdicts": verdicts}], run_id="r", shard_id="0")
+    store.append("tasks", [{"task_id": "t1", "task_json": to_json(task)}], run_id="r", shard_id="0")
+    assert Task.model_validate_json(store.tasks().collect()["task_json"][0]) == task
+    assert store.trajectories().collect()["verdicts"][0][0]["name"] == "final_answer"
+    with pytest.raises(ValueError, match="lacks version"):
+        verdict_structs([{"name": "x", "score": 1.0}])
