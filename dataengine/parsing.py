@@ -90,6 +90,8 @@ def _parse_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
         return None, f"invalid JSON in {where} at line {exc.lineno} column {exc.colno} (char {exc.pos}): {exc.msg}"
+    except RecursionError:
+        return None, f"the JSON in {where} is nested too deeply"
     if not isinstance(obj, dict):
         return None, f"{where} is a JSON {_json_type(obj)}, expected an object with \"name\" and \"arguments\""
     name = obj.get("name")

@@ -123,6 +123,16 @@ def test_malformed_replies_name_the_problem(text, words):
         assert word in a.parse_error, a.parse_error
 
 
+def test_deeply_nested_json_is_a_parse_error():
+    a = parse_action("<tool_call>" + "[" * 100_000 + "</tool_call>")
+    assert a.parse_error == "the JSON in tool call 1 is nested too deeply"
+
+
+def test_long_replies_parse_in_linear_time():
+    text = "x" * 1_000_000 + '<tool_call>{"name": "a"}</tool_call>' * 1000
+    assert len(parse_action(text).tool_calls) == 1000
+
+
 def test_unknown_tool_names_are_not_rejected():
     tools = [ToolSpec(name="add")]
     a = parse_action('<tool_call>{"name": "divide", "arguments": {}}</tool_call>', tools=tools)
