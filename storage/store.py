@@ -345,7 +345,9 @@ class Store:
             }
         )
         delay = 0.05
-        for attempt in range(self.max_retries):
+        # A stream is consumed by the first attempt: retrying it would write an empty shard.
+        attempts = 1 if isinstance(rows, pa.RecordBatchReader) else self.max_retries
+        for _ in range(attempts):
             try:
                 dt = DeltaTable(path)
                 write_deltalake(
@@ -361,7 +363,7 @@ class Store:
             delay = min(delay * 2, 2.0)
         raise RetryableStoreError(
             f"append of shard ({run_id}, {shard_id}) to table {table!r} in {self.root} lost "
-            f"{self.max_retries} commit races with concurrent writers; retry it ({last})"
+            f"{attempts} commit race(s) with concurrent writers; retry it ({last})"
         )
 
     def committed_shards(self, table: str, run_id: str) -> set[str]:
