@@ -72,7 +72,8 @@ class Sandbox:
     preload: toolbox names every worker resolves at start, so no call pays for the import.
     modules: modules every worker imports at start, for toolboxes that register themselves
         on import but are not listed in registry.TOOLBOX_MODULES (the caller's own suites).
-    Thread-safe: calls from several threads are serialised.
+    Thread-safe: calls from several threads are serialised. Create one per process: a forked
+    copy of a Sandbox would share its workers' pipes with the original.
     """
 
     def __init__(
@@ -211,8 +212,10 @@ class Sandbox:
             self._start_failures = 0
         elif kind == "loading":
             # A first-time toolbox import does not count against the call's timeout.
+            w.loading = True
             w.deadline = time.monotonic() + LOAD_TIMEOUT_S
         elif kind == "loaded":
+            w.loading = False
             w.deadline = time.monotonic() + self.limits.timeout_s
         elif kind == "result" and w.job is not None:
             _, status, output_json, error, state_json, seconds = msg
@@ -254,8 +257,12 @@ class Sandbox:
                 raise RuntimeError(f"sandbox workers did not start within {STARTUP_TIMEOUT_S} s")
         else:
             i = w.job
-            message = (f"tool {items[i][1].name!r} ran past the wall-clock limit of "
-                       f"{self.limits.timeout_s:g} s; the worker was killed and replaced")
+            if w.loading:
+                message = (f"toolbox {items[i][0]!r} did not load within {LOAD_TIMEOUT_S:g} s; "
+                           "the worker was killed and replaced")
+            else:
+                message = (f"tool {items[i][1].name!r} ran past the wall-clock limit of "
+                           f"{self.limits.timeout_s:g} s; the worker was killed and replaced")
             results[i] = _failed(items[i], "timeout", message, time.monotonic() - w.sent_at)
             w.job = None
         self._replace(w)
@@ -314,6 +321,7 @@ class _Worker:
         self.deadline = self.sent_at + STARTUP_TIMEOUT_S
         self.send_error: str | None = None
         self.retired = False  # replaced in the pool; its handle may still sit in a local list
+        self.loading = False  # importing a toolbox for the current call
 
     def send(self, index: int, item: CallItem) -> bool:
         toolbox, call, state = item
