@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -277,3 +278,17 @@ def test_interrupted_call_many_leaves_no_stale_results():
         # The interrupted nap's result must not be delivered to the next call.
         assert sb.call(BOX, tc("add", a=1, b=2))[0].output == 3
         assert sb.call(BOX, tc("echo", text="k"))[0].output == "k"
+
+
+def test_random_mix_of_failures_in_one_batch():
+    kinds = [("add", {"a": 1, "b": 2}, "ok"), ("segfault", {}, "crash"), ("divide", {"a": 1, "b": 0}, "exception"),
+             ("hard_exit", {"code": 2}, "crash"), ("allocate", {"megabytes": 4000}, "memory"),
+             ("big_output", {"size": 100_000}, "output_too_large"), ("nope", {}, "unknown_tool"),
+             ("add", {"a": "x"}, "bad_arguments"), ("sleep", {"seconds": 5}, "timeout"), ("push", {"item": "z"}, "ok")]
+    rng = random.Random(7)
+    items = [rng.choice(kinds) for _ in range(30)]
+    with Sandbox(workers=3, timeout_s=0.5, memory_mb=256) as sb:
+        results = sb.call_many([(BOX, ToolCall(name=n, arguments=a), {"items": []}) for n, a, _ in items])
+        assert [r.status for r, _ in results] == [want for _, _, want in items]
+        assert [r.call.name for r, _ in results] == [n for n, _, _ in items]
+        assert_pool_works(sb)
