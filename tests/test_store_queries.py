@@ -140,3 +140,17 @@ def test_cli_store_info_check_schema(store):
     assert result.exit_code == 1 and data.name in result.stderr and "trajectories: ok" in result.stdout
     result = runner.invoke(app, ["store", "schema", "nodes"])
     assert "| prefix_hash | string |" in result.stdout
+
+
+def test_cli_time_travel_and_history(store):
+    runner = CliRunner()
+    store.append("nodes", [{"task_id": "t9", "tree_id": "other", "node_id": 0}], run_id="g2", shard_id="7")
+    sql = "SELECT count(*) AS n FROM nodes"
+    now = runner.invoke(app, ["query", sql, "--store", str(store.root), "--format", "csv"])
+    before = runner.invoke(app, ["query", sql, "--store", str(store.root), "--format", "csv", "--at", "nodes=1"])
+    assert now.stdout.split() == ["n", "5"] and before.stdout.split() == ["n", "4"]
+    bad = runner.invoke(app, ["query", sql, "--store", str(store.root), "--at", "nodez=1"])
+    assert bad.exit_code == 1 and "no table 'nodez'" in bad.stderr
+    history = runner.invoke(app, ["store", "history", "nodes", "--store", str(store.root)])
+    newest = history.stdout.splitlines()[0].split("\t")
+    assert newest[0] == "2" and newest[2] == "WRITE" and newest[3:] == ["g2", "7", "1"]

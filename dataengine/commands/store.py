@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
         format: Annotated[QueryFormat, typer.Option("--format", help="Output format.")] = QueryFormat.table,
         out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout (required for parquet).")] = None,
         limit: Annotated[int, typer.Option("--max-rows", help="Rows shown by --format table.")] = 50,
+        at: Annotated[list[str] | None, typer.Option("--at", help="TABLE=VERSION: read that table at a past Delta version (repeatable).")] = None,
     ) -> None:
         """Run SQL (Polars SQLContext) with every written table registered by name."""
         import polars as pl
@@ -69,8 +71,16 @@ def register(app: typer.Typer) -> None:
         from storage import StoreError
 
         opened = _open(store)
+        versions = {}
+        for item in at or []:
+            name, _, number = item.partition("=")
+            if not number.isdigit():
+                _fail(f"--at {item!r}: expected TABLE=VERSION, e.g. nodes=3")
+            if name not in opened.tables():
+                _fail(f"--at {item!r}: no table {name!r} in the store (tables: {', '.join(opened.tables()) or 'none'})")
+            versions[name] = int(number)
         try:
-            frame = opened.sql(sql).collect()
+            frame = opened.sql(sql, versions=versions).collect()
         except StoreError as exc:
             _fail(str(exc))
         except pl.exceptions.PolarsError as exc:
@@ -81,6 +91,7 @@ def register(app: typer.Typer) -> None:
             frame.write_parquet(out)
         elif format is QueryFormat.csv:
             text = frame.write_csv()
+            text = text if text.endswith("\n") else text + "\n"
             out.write_text(text) if out else sys.stdout.write(text)
         elif format is QueryFormat.json:
             text = json.dumps(frame.to_dicts(), default=str, indent=1) + "\n"
@@ -194,6 +205,28 @@ def register(app: typer.Typer) -> None:
             typer.echo(table_spec(table).doc() if table else schema_doc())
         except KeyError as exc:
             _fail(exc.args[0])
+
+    @store_app.command("history")
+    def history_command(
+        table: Annotated[str, typer.Argument(help="Table name.")],
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
+        limit: Annotated[int, typer.Option("--limit", min=1, help="Newest commits shown.")] = 20,
+    ) -> None:
+        """Delta commits of a table, newest first: version, time, operation, run and shard, rows."""
+        from datetime import datetime
+
+        from storage import StoreError
+
+        opened = _open(store)
+        try:
+            commits = opened.history(table)[:limit]
+        except (StoreError, KeyError) as exc:
+            _fail(exc.args[0] if isinstance(exc, KeyError) else str(exc))
+        for c in commits:
+            when = datetime.fromtimestamp(c.get("timestamp", 0) / 1000, tz=UTC).isoformat(timespec="seconds")
+            rows = (c.get("operationMetrics") or {}).get("num_added_rows", "-")
+            typer.echo(f"{c.get('version')}\t{when}\t{c.get('operation')}\t{c.get('dataengine.run_id', '-')}"
+                       f"\t{c.get('dataengine.shard_id', '-')}\t{rows}")
 
     @store_app.command("reexport")
     def reexport_command(
