@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 import polars as pl
 import pyarrow as pa
@@ -226,3 +227,69 @@ def test_row_converters_from_models_and_dicts(tmp_path):
     assert store.trajectories().collect()["verdicts"][0][0]["name"] == "final_answer"
     with pytest.raises(ValueError, match="lacks version"):
         verdict_structs([{"name": "x", "score": 1.0}])
+
+
+def _value_strategy(type_):
+    from datetime import datetime
+
+    from hypothesis import strategies as st
+
+    from storage.schemas import VERDICT
+
+    if type_ == pa.string():
+        return st.text(max_size=20)
+    if type_ == pa.int64():
+        return st.integers(-(2**63), 2**63 - 1)
+    if type_ == pa.float64():
+        return st.floats(allow_nan=False)
+    if type_ == pa.bool_():
+        return st.booleans()
+    if pa.types.is_timestamp(type_):
+        return st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(2200, 1, 1),
+                            timezones=st.just(UTC))
+    if type_ == pa.list_(pa.int64()):
+        return st.lists(st.integers(0, 1000), max_size=4)
+    if type_ == pa.list_(VERDICT):
+        verdict = st.fixed_dictionaries({
+            "name": st.text(max_size=8), "version": st.text(max_size=3), "score": st.floats(allow_nan=False),
+            "passed": st.none() | st.booleans(), "confidence": st.floats(0, 1), "details_json": st.just("{}")})
+        return st.lists(verdict, max_size=3)
+    raise AssertionError(f"no strategy for {type_}")
+
+
+def _rows_strategy(spec):
+    from hypothesis import strategies as st
+
+    def row():
+        fields = {}
+        for c in spec.columns:
+            if c.name in ("run_id", "shard_id"):
+                continue
+            value = _value_strategy(c.type)
+            fields[c.name] = value if not c.nullable else st.none() | value
+        return st.fixed_dictionaries(fields)
+
+    return st.lists(row(), min_size=1, max_size=5)
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_any_valid_rows_round_trip(tmp_path_factory, table):
+    from hypothesis import HealthCheck, given, settings
+
+    spec = TABLES[table]
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(rows=_rows_strategy(spec))
+    def check(rows):
+        store = Store(tmp_path_factory.mktemp(table))
+        store.append(table, rows, run_id="r", shard_id="0")
+        back = store.scan(table).collect().to_dicts()
+        assert len(back) == len(rows)
+        for want, got in zip(rows, back, strict=True):
+            for name, value in want.items():
+                if name == "created_at" and value is None:
+                    assert got[name] is not None
+                else:
+                    assert got[name] == value, name
+
+    check()
