@@ -84,3 +84,12 @@ def test_messages_text_and_bad_embedder():
     assert messages_text([{"role": "user", "content": " hi  there "}]) == "user: hi there"
     with pytest.raises(ValueError, match="unknown embedder"):
         embed(["x"], "bert")
+
+
+def test_sentence_transformers_embedder_names_the_missing_package():
+    import importlib.util
+
+    if importlib.util.find_spec("sentence_transformers") is not None:
+        pytest.skip("sentence-transformers is installed")
+    with pytest.raises(ImportError, match="pip install sentence-transformers"):
+        embed(["x"], "st:all-MiniLM-L6-v2")
