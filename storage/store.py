@@ -511,6 +511,19 @@ class Store:
             hint = f" (tables not written yet: {', '.join(missing)})" if missing else ""
             raise StoreError(f"query failed: {exc}{hint}; tables written: {', '.join(written) or 'none'}") from exc
 
+    def compact(self, table: str, *, target_size: int | None = None) -> dict[str, Any]:
+        """Merge small data files (one per shard) into larger ones in one commit; rows and
+        shard replacement semantics are unchanged. Returns Delta's optimize metrics."""
+        from deltalake.exceptions import DeltaError
+
+        dt = self._delta(table)
+        try:
+            return dt.optimize.compact(target_size=target_size)
+        except DeltaError as exc:
+            if _is_conflict(exc):
+                raise RetryableStoreError(f"compaction of table {table!r} conflicted with a writer; retry it") from exc
+            raise StoreError(f"compaction of table {table!r} in {self.root} failed: {exc}") from exc
+
     def vacuum(self, table: str, *, retention_hours: int = 1, dry_run: bool = False) -> list[str]:
         """Delete data files no version references and older than `retention_hours` (files
         left by killed writers, or replaced shards); return their paths. Versions older than

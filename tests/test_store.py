@@ -293,3 +293,17 @@ def test_any_valid_rows_round_trip(tmp_path_factory, table):
                     assert got[name] == value, name
 
     check()
+
+
+def test_compaction_keeps_rows_and_shard_replacement(tmp_path):
+    store = Store(tmp_path)
+    for shard in range(6):
+        store.append("nodes", node_rows(f"t{shard}", 3), run_id="r", shard_id=str(shard))
+    before = store.nodes().sort("tree_id", "node_id").collect()
+    metrics = store.compact("nodes")
+    assert metrics["numFilesRemoved"] == 6 and metrics["numFilesAdded"] == 1
+    assert store.data_files("nodes").num_rows == 1
+    assert store.nodes().sort("tree_id", "node_id").collect().equals(before)
+    store.append("nodes", node_rows("t2", 1), run_id="r", shard_id="2")
+    frame = store.nodes().collect()
+    assert frame.height == 16 and frame.filter(pl.col("shard_id") == "2").height == 1

@@ -245,6 +245,22 @@ def register(app: typer.Typer) -> None:
             _fail(str(exc))
         typer.echo(f"rebuilt {result.rows} rows to {out} from versions {result.source_versions}")
 
+    @store_app.command("compact")
+    def compact_command(
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
+        table: Annotated[list[str] | None, typer.Option("--table", help="Only these tables (repeatable).")] = None,
+    ) -> None:
+        """Merge each table's small per-shard files into larger ones (one commit per table)."""
+        from storage import StoreError
+
+        opened = _open(store)
+        for name in table or opened.tables():
+            try:
+                metrics = opened.compact(name)
+            except (StoreError, KeyError) as exc:
+                _fail(exc.args[0] if isinstance(exc, KeyError) else str(exc))
+            typer.echo(f"{name}: {metrics.get('numFilesRemoved', 0)} files merged into {metrics.get('numFilesAdded', 0)}")
+
     @store_app.command("vacuum")
     def vacuum_command(
         store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
