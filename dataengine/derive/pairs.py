@@ -1,0 +1,222 @@
+"""Preference pairs from search trees and trajectories (rows of the store's `pairs` table).
+
+- `step_pairs` (Agent Q): at every expanded node, each two sibling actions whose mixed value
+  differs by at least `margin` and whose visit counts both reach `min_visits` give one pair:
+  prompt = the conversation up to the node, chosen/rejected = the better/worse action (one
+  assistant message each), with the margin, the visits and the behaviour log-probs kept.
+- `trajectory_pairs` (ETO): a successful and a failed trajectory of the same task: prompt = the
+  task's messages (before the first assistant turn), chosen/rejected = the rest of each episode.
+
+Both are pure Polars over the store's LazyFrames and return LazyFrames with the `pairs` columns
+(run_id is the source run; `derive.store` rewrites it to the output run).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from dataengine.derive.common import (
+    assistant_message_json,
+    decode_messages,
+    encode_messages,
+    first_assistant_index,
+    keep_runs,
+    task_info,
+)
+
+# theta: least value gap of a step pair (Agent Q uses a margin on the mixed Q).
+MARGIN = 0.2
+# Least visits of both siblings, so pairs rest on backed-up values and not on one rollout.
+MIN_VISITS = 1
+# Trajectory pairs kept per task at most (largest margins first).
+PAIRS_PER_TASK = 4
+
+PAIR_COLUMNS = [
+    "run_id", "pair_id", "kind", "task_id", "suite", "prompt_json", "chosen_json", "rejected_json",
+    "tools_json", "margin", "chosen_value", "rejected_value", "chosen_visits", "rejected_visits",
+    "chosen_logprob", "rejected_logprob", "node_id", "tree_id",
+]
+
+
+def node_value(critic_weight: float = 0.0) -> pl.Expr:
+    """The mixed value of a node: (1 - w) * q + w * critic_score (critic missing: q alone).
+
+    w = 0 (default) takes `q` as the search stored it; Agent Q's mix a*Q_mcts + (1-a)*Q_critic
+    has w = 1 - a (use it only when the search stored the unmixed Q).
+    """
+    if not 0.0 <= critic_weight <= 1.0:
+        raise ValueError(f"critic_weight must be in [0, 1], got {critic_weight}")
+    q = pl.col("q").cast(pl.Float64)
+    if critic_weight == 0.0:
+        return q
+    return (1.0 - critic_weight) * q + critic_weight * pl.col("critic_score").cast(pl.Float64).fill_null(q)
+
+
+def step_pairs(
+    nodes: pl.LazyFrame,
+    tasks: pl.LazyFrame | None = None,
+    *,
+    margin: float = MARGIN,
+    min_visits: int = MIN_VISITS,
+    critic_weight: float = 0.0,
+    run_ids: list[str] | None = None,
+) -> pl.LazyFrame:
+    """Sibling pairs of every expanded node of every tree in `nodes` (module docstring).
+
+    nodes: the `nodes` table (columns run_id, tree_id, node_id, parent_id, task_id, suite,
+        action_text, action_key, q, critic_score, visits, logprob, messages_json).
+    tasks: the `tasks` table, for the tool list of each pair (tools_json null without it).
+    Only strictly better actions are chosen (chosen_value > rejected_value), and siblings with
+    the same action key (one action sampled twice) never form a pair.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    if min_visits < 0:
+        raise ValueError(f"min_visits must be >= 0, got {min_visits}")
+    nodes = keep_runs(nodes, run_ids)
+    edge = ["run_id", "tree_id", "parent_id"]
+    children = (
+        nodes.filter(pl.col("parent_id").is_not_null())
+        .with_columns(value=node_value(critic_weight))
+        .filter(pl.col("value").is_not_null() & (pl.col("visits").fill_null(0) >= min_visits))
+        .select(*edge, "task_id", "suite", "node_id", "action_text", "action_key", "value", "visits", "logprob")
+    )
+    rejected = children.select(
+        *edge,
+        pl.col("node_id").alias("rejected_id"),
+        pl.col("action_text").alias("rejected_text"),
+        pl.col("action_key").alias("rejected_key"),
+        pl.col("value").alias("rejected_value"),
+        pl.col("visits").alias("rejected_visits"),
+        pl.col("logprob").alias("rejected_logprob"),
+    )
+    parents = nodes.select(
+        "run_id", "tree_id", pl.col("node_id").alias("parent_id"), pl.col("messages_json").alias("prompt_json")
+    )
+    pairs = (
+        children.rename({"node_id": "chosen_id", "value": "chosen_value", "visits": "chosen_visits",
+                         "logprob": "chosen_logprob", "action_text": "chosen_text", "action_key": "chosen_key"})
+        .join(rejected, on=edge)
+        .with_columns(margin=pl.col("chosen_value") - pl.col("rejected_value"))
+        .filter(
+            (pl.col("margin") > 0)
+            & (pl.col("margin") >= margin)
+            & pl.col("chosen_key").ne_missing(pl.col("rejected_key"))
+        )
+        .join(parents, on=edge, how="left")
+        .join(task_info(tasks).select("run_id", "task_id", "tools_json"), on=["run_id", "task_id"], how="left")
+    )
+    return pairs.select(
+        "run_id",
+        pl.format("step/{}/{}/{}/{}>{}", "run_id", "tree_id", "parent_id", "chosen_id", "rejected_id").alias("pair_id"),
+        pl.lit("step").alias("kind"),
+        "task_id",
+        "suite",
+        "prompt_json",
+        assistant_message_json(pl.col("chosen_text")).alias("chosen_json"),
+        assistant_message_json(pl.col("rejected_text")).alias("rejected_json"),
+        "tools_json",
+        "margin",
+        "chosen_value",
+        "rejected_value",
+        pl.col("chosen_visits").cast(pl.Int64),
+        pl.col("rejected_visits").cast(pl.Int64),
+        pl.col("chosen_logprob").cast(pl.Float64),
+        pl.col("rejected_logprob").cast(pl.Float64),
+        pl.col("parent_id").cast(pl.Int64).alias("node_id"),
+        "tree_id",
+    ).sort("run_id", "tree_id", "node_id", "pair_id")
+
+
+def path_logprobs(trajectories: pl.LazyFrame, nodes: pl.LazyFrame | None) -> pl.LazyFrame:
+    """Behaviour log-prob of each tree trajectory: the sum over its non-root nodes' `logprob`.
+
+    Columns: run_id, traj_id, logprob (null when the trajectory has no tree path, or any action
+    on it lacks a log-prob).
+    """
+    if nodes is None:
+        return trajectories.select("run_id", "traj_id", logprob=pl.lit(None, dtype=pl.Float64))
+    steps = (
+        trajectories.filter(pl.col("tree_id").is_not_null() & pl.col("node_ids").is_not_null())
+        .select("run_id", "traj_id", "tree_id", pl.col("node_ids").list.slice(1).alias("node_id"))
+        .explode("node_id")
+        .filter(pl.col("node_id").is_not_null())
+        .join(nodes.select("run_id", "tree_id", "node_id", "logprob"), on=["run_id", "tree_id", "node_id"], how="left")
+        .group_by("run_id", "traj_id")
+        .agg(logprob=pl.when(pl.col("logprob").null_count() == 0).then(pl.col("logprob").sum()))
+    )
+    return trajectories.select("run_id", "traj_id").join(steps, on=["run_id", "traj_id"], how="left")
+
+
+def trajectory_pairs(
+    trajectories: pl.LazyFrame,
+    tasks: pl.LazyFrame | None = None,
+    nodes: pl.LazyFrame | None = None,
+    *,
+    per_task: int = PAIRS_PER_TASK,
+    min_margin: float = 0.0,
+    run_ids: list[str] | None = None,
+) -> pl.LazyFrame:
+    """ETO-style pairs: each successful trajectory against each failed one of the same task
+    (same run), distinct episodes only (exact duplicates by normalised messages dropped first),
+    the `per_task` with the largest reward margin kept (ties: fewer chosen steps, then ids).
+
+    trajectories: the `trajectories` table (run_id, task_id, suite, traj_id, messages_json,
+        reward, success, num_steps, tree_id, node_ids).
+    nodes: optional, to sum each side's behaviour log-probs along its tree path.
+    """
+    if per_task < 1:
+        raise ValueError(f"per_task must be >= 1, got {per_task}")
+    trajectories = keep_runs(trajectories, run_ids)
+    logprobs = path_logprobs(trajectories, None if nodes is None else keep_runs(nodes, run_ids))
+    episodes = (
+        trajectories.filter(pl.col("success").is_not_null() & pl.col("messages_json").is_not_null())
+        .join(logprobs, on=["run_id", "traj_id"], how="left")
+        .with_columns(messages=decode_messages("messages_json"))
+        .with_columns(start=first_assistant_index(pl.col("messages")))
+        # An episode without an assistant turn has nothing to prefer.
+        .filter(pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any())
+        .with_columns(
+            prompt=pl.col("messages").list.head(pl.col("start")),
+            answer=pl.col("messages").list.slice(pl.col("start")),
+        )
+        .sort("run_id", "task_id", "traj_id")
+        .unique(["run_id", "task_id", "messages"], keep="first", maintain_order=True)
+    )
+    side = ["run_id", "task_id", "traj_id", "answer", "reward", "num_steps", "logprob", "prompt"]
+    good = episodes.filter(pl.col("success")).select(*side, "suite")
+    bad = episodes.filter(~pl.col("success")).select(side).rename(
+        {c: f"{c}_r" for c in side if c not in ("run_id", "task_id")}
+    )
+    pairs = (
+        good.join(bad, on=["run_id", "task_id"])
+        # Only trajectories that start from the same prompt can be compared.
+        .filter(pl.col("prompt") == pl.col("prompt_r"))
+        .with_columns(margin=pl.col("reward").cast(pl.Float64) - pl.col("reward_r").cast(pl.Float64))
+        .filter(pl.col("margin") >= min_margin)
+        .sort(["run_id", "task_id", "margin", "num_steps", "traj_id", "traj_id_r"],
+              descending=[False, False, True, False, False, False])
+        .group_by(["run_id", "task_id"], maintain_order=True)
+        .head(per_task)
+        .join(task_info(tasks).select("run_id", "task_id", "tools_json"), on=["run_id", "task_id"], how="left")
+    )
+    return pairs.select(
+        "run_id",
+        pl.format("trajectory/{}/{}>{}", "run_id", "traj_id", "traj_id_r").alias("pair_id"),
+        pl.lit("trajectory").alias("kind"),
+        "task_id",
+        "suite",
+        encode_messages(pl.col("prompt")).alias("prompt_json"),
+        encode_messages(pl.col("answer")).alias("chosen_json"),
+        encode_messages(pl.col("answer_r")).alias("rejected_json"),
+        "tools_json",
+        "margin",
+        pl.col("reward").cast(pl.Float64).alias("chosen_value"),
+        pl.col("reward_r").cast(pl.Float64).alias("rejected_value"),
+        pl.lit(None, dtype=pl.Int64).alias("chosen_visits"),
+        pl.lit(None, dtype=pl.Int64).alias("rejected_visits"),
+        pl.col("logprob").alias("chosen_logprob"),
+        pl.col("logprob_r").alias("rejected_logprob"),
+        pl.lit(None, dtype=pl.Int64).alias("node_id"),
+        pl.lit(None, dtype=pl.String).alias("tree_id"),
+    )

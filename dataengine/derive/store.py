@@ -1,0 +1,164 @@
+"""Writing derived datasets to the store, with lineage.
+
+`derive(store, kinds, run_ids=[...])` reads the nodes, trajectories and tasks tables at their
+current Delta versions, derives each dataset with the pure functions of this package, and writes
+it as one shard `derive/<kind>` of the output run (default: the source run itself) to `pairs`,
+`sft` or `replay`, every row carrying `source_versions_json` = the versions read; a `runs` row
+(kind "derive/<kind>") records the settings. Deriving again replaces the shard (one copy).
+Storage's exports then turn the tables into TRL datasets (`dataengine store export ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+
+from dataengine.derive.pairs import MARGIN, MIN_VISITS, PAIR_COLUMNS, PAIRS_PER_TASK, step_pairs, trajectory_pairs
+from dataengine.derive.replay import MIN_SAMPLES, REPLAY_COLUMNS, grpo_replay
+from dataengine.derive.sft import SFT_COLUMNS, SFT_PER_TASK, recovery_examples, rejection_sft
+
+KINDS = ("step-pairs", "trajectory-pairs", "sft", "recovery", "replay")
+TABLE_OF = {"step-pairs": "pairs", "trajectory-pairs": "pairs", "sft": "sft", "recovery": "sft", "replay": "replay"}
+SOURCES_OF = {
+    "step-pairs": ("nodes", "tasks"),
+    "trajectory-pairs": ("trajectories", "nodes", "tasks"),
+    "sft": ("trajectories", "tasks"),
+    "recovery": ("nodes", "trajectories", "tasks"),
+    "replay": ("trajectories", "nodes", "tasks"),
+}
+REQUIRED_SOURCES = {
+    "step-pairs": ("nodes",),
+    "trajectory-pairs": ("trajectories",),
+    "sft": ("trajectories",),
+    "recovery": ("nodes", "trajectories"),
+    "replay": ("trajectories", "tasks"),
+}
+
+
+@dataclass
+class DeriveOptions:
+    """Settings of every derivation (DeriveConfig's fields plus the finer ones).
+
+    margin, min_visits, critic_weight: step pairs (see step_pairs).
+    pairs_per_task, pair_min_margin: trajectory pairs.
+    sft_per_task, near_threshold: rejection-sampling SFT (near_threshold None: exact dedup only).
+    same_state: recovery splices and replay prefixes only where the tool state is unchanged.
+    replay_low, replay_high, replay_min_samples, replay_prefixes: GRPO replay.
+    """
+
+    margin: float = MARGIN
+    min_visits: int = MIN_VISITS
+    critic_weight: float = 0.0
+    pairs_per_task: int = PAIRS_PER_TASK
+    pair_min_margin: float = 0.0
+    sft_per_task: int = SFT_PER_TASK
+    near_threshold: float | None = None
+    same_state: bool = True
+    replay_low: float = 0.0
+    replay_high: float = 1.0
+    replay_min_samples: int = MIN_SAMPLES
+    replay_prefixes: bool = True
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> "DeriveOptions":
+        """From a config.DeriveConfig (margin, min_visits, sft_per_task, replay_low/high)."""
+        base = dict(margin=config.margin, min_visits=config.min_visits, sft_per_task=config.sft_per_task,
+                    replay_low=config.replay_low, replay_high=config.replay_high)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass
+class DeriveResult:
+    """One derived dataset as written: kind, table, output run and shard, rows, the table
+    version after the write, the source versions read and the seconds it took."""
+
+    kind: str
+    table: str
+    run_id: str
+    shard_id: str
+    rows: int
+    version: int
+    source_versions: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def derive_frame(kind: str, sources: dict[str, pl.LazyFrame | None], options: DeriveOptions,
+                 run_ids: list[str] | None = None) -> pl.DataFrame:
+    """The rows of one derived dataset (before writing) from the source LazyFrames."""
+    o = options
+    nodes, trajs, tasks = sources.get("nodes"), sources.get("trajectories"), sources.get("tasks")
+    if kind == "step-pairs":
+        frame = step_pairs(nodes, tasks, margin=o.margin, min_visits=o.min_visits,
+                           critic_weight=o.critic_weight, run_ids=run_ids).select(PAIR_COLUMNS)
+    elif kind == "trajectory-pairs":
+        frame = trajectory_pairs(trajs, tasks, nodes, per_task=o.pairs_per_task, min_margin=o.pair_min_margin,
+                                 run_ids=run_ids).select(PAIR_COLUMNS)
+    elif kind == "sft":
+        return rejection_sft(trajs, tasks, per_task=o.sft_per_task, near_threshold=o.near_threshold,
+                             run_ids=run_ids).select(SFT_COLUMNS)
+    elif kind == "recovery":
+        frame = recovery_examples(nodes, trajs, tasks, same_state=o.same_state, run_ids=run_ids).select(SFT_COLUMNS)
+    elif kind == "replay":
+        frame = grpo_replay(trajs, tasks, nodes, low=o.replay_low, high=o.replay_high,
+                            min_samples=o.replay_min_samples, prefixes=o.replay_prefixes,
+                            same_state=o.same_state, run_ids=run_ids).select(REPLAY_COLUMNS)
+    else:
+        raise ValueError(f"unknown derived dataset {kind!r}; choose from {', '.join(KINDS)}")
+    return frame.collect()
+
+
+def derive(
+    store: Any,
+    kinds: list[str] | tuple[str, ...] = KINDS,
+    *,
+    run_ids: list[str] | None = None,
+    out_run_id: str | None = None,
+    options: DeriveOptions | None = None,
+) -> list[DeriveResult]:
+    """Derive `kinds` from the trees and trajectories of `run_ids` and write them (module doc).
+
+    run_ids: source runs (None or empty: every run in the store, then `out_run_id` is needed).
+    out_run_id: run id of the written rows; default the single source run.
+    """
+    options = options or DeriveOptions()
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown derived dataset(s) {', '.join(bad)}; choose from {', '.join(KINDS)}")
+    if out_run_id is None:
+        if not run_ids or len(run_ids) != 1:
+            raise ValueError("give out_run_id when deriving from several runs (or from all runs)")
+        out_run_id = run_ids[0]
+    written = set(store.tables())
+    versions = {t: store.version(t) for t in ("nodes", "trajectories", "tasks") if t in written}
+    if run_ids and "trajectories" in versions:
+        present = set(store.scan("trajectories", versions["trajectories"]).select("run_id").unique()
+                      .collect()["run_id"].to_list())
+        if "nodes" in versions:
+            present |= set(store.scan("nodes", versions["nodes"]).select("run_id").unique().collect()["run_id"].to_list())
+        missing = [r for r in run_ids if r not in present]
+        if missing:
+            raise ValueError(f"run(s) {', '.join(missing)} have no nodes or trajectories in {store.root}; "
+                             f"runs there: {', '.join(sorted(present)) or 'none'}")
+    results = []
+    for kind in kinds:
+        lacking = [t for t in REQUIRED_SOURCES[kind] if t not in versions]
+        if lacking:
+            raise ValueError(f"{kind}: the store at {store.root} has no {', '.join(lacking)} table; "
+                             "run `dataengine generate` first")
+        start = time.perf_counter()
+        used = {t: versions[t] for t in SOURCES_OF[kind] if t in versions}
+        sources = {t: store.scan(t, v) for t, v in used.items()}
+        frame = derive_frame(kind, sources, options, run_ids)
+        frame = frame.drop("run_id").with_columns(source_versions_json=pl.lit(json.dumps(used, sort_keys=True)))
+        table, shard = TABLE_OF[kind], f"derive/{kind}"
+        version = store.append(table, frame, run_id=out_run_id, shard_id=shard)
+        store.record_run(out_run_id, kind=f"derive/{kind}", config={"options": asdict(options), "run_ids": run_ids},
+                         source_versions=used, shard_id=shard)
+        results.append(DeriveResult(kind, table, out_run_id, shard, frame.height, version, used,
+                                    time.perf_counter() - start))
+    return results
