@@ -20,7 +20,7 @@ from mcts.qtransforms import (
     qtransform_by_parent_and_siblings,
     qtransform_completed_by_mix_value,
 )
-from mcts.search import backup, expand, node_stats, search, select_path
+from mcts.search import backup, backup_path, expand, node_stats, search, select_path
 from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, children_visits, grow, init_tree, qvalues, summary
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "UNVISITED",
     "add_dirichlet_noise",
     "backup",
+    "backup_path",
     "children_visits",
     "expand",
     "grow",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats
-from mcts.tree import ROOT_INDEX, UNVISITED, Tree, grow
+from mcts.tree import ROOT_INDEX, UNVISITED, Tree, gather_nodes, grow
 
 # Selection outcomes, one per tree, in SelectedPath.status.
 INACTIVE = 0  # the tree did not search in this slot (budget spent, root terminal)
@@ -63,31 +63,30 @@ def node_stats(tree: Tree, node_index: torch.Tensor, virtual_loss: VirtualLoss |
     A virtual visit counts as one visit whose Q is the lowest value seen at the node, so
     pending paths look worse and other leaves get selected.
     """
-    rows = torch.arange(tree.batch_size, device=tree.device)
     dtype = tree.node_values.dtype
-    logits = tree.children_prior_logits[rows, node_index]
-    counts = tree.children_visits[rows, node_index].to(dtype)
-    q = tree.children_rewards[rows, node_index] + tree.children_discounts[rows, node_index] * (
-        tree.children_values[rows, node_index]
+    logits = gather_nodes(tree.children_prior_logits, node_index)
+    counts = gather_nodes(tree.children_visits, node_index).to(dtype)
+    q = gather_nodes(tree.children_rewards, node_index) + gather_nodes(tree.children_discounts, node_index) * (
+        gather_nodes(tree.children_values, node_index)
     )
-    value = tree.node_values[rows, node_index]
-    visits = tree.node_visits[rows, node_index].to(dtype)
+    value = gather_nodes(tree.node_values, node_index)
+    visits = gather_nodes(tree.node_visits, node_index).to(dtype)
     invalid = torch.isneginf(logits)
     if virtual_loss is not None:
-        pending = virtual_loss.edge_visits[rows, node_index]
+        pending = gather_nodes(virtual_loss.edge_visits, node_index)
         # An unexpanded edge already chosen this iteration is blocked: L leaves stay distinct.
-        invalid = invalid | ((pending > 0) & (tree.children_index[rows, node_index] == UNVISITED))
+        invalid = invalid | ((pending > 0) & (gather_nodes(tree.children_index, node_index) == UNVISITED))
         visited = counts > 0
         low = torch.minimum(value, torch.where(visited, q, value.unsqueeze(-1)).min(-1).values).unsqueeze(-1)
         total = counts + pending
         q = torch.where(pending > 0, (q * counts + low * pending) / total.clamp_min(1e-12), q)
         counts = total
-        visits = visits + virtual_loss.node_visits[rows, node_index]
+        visits = visits + gather_nodes(virtual_loss.node_visits, node_index)
     return NodeStats(
-        depth=tree.depth[rows, node_index],
+        depth=gather_nodes(tree.depth, node_index),
         visits=visits,
         value=value,
-        raw_value=tree.raw_values[rows, node_index],
+        raw_value=gather_nodes(tree.raw_values, node_index),
         prior_logits=logits,
         children_visits=counts,
         qvalues=q,
@@ -129,7 +128,7 @@ def select_path(
         stuck = running & stats.invalid.all(-1)
         status = torch.where(stuck, DROPPED, status)
         running = running & ~stuck
-        child = tree.children_index[rows, node, chosen]
+        child = gather_nodes(tree.children_index, node).gather(1, chosen.unsqueeze(-1)).squeeze(-1)
         nodes.append(node)
         actions.append(chosen)
         masks.append(running)
@@ -137,9 +136,9 @@ def select_path(
         action = torch.where(running, chosen, action)
         is_new = running & (child == UNVISITED)
         safe_child = child.clamp_min(0)
-        at_leaf = tree.terminal[rows, safe_child]
+        at_leaf = gather_nodes(tree.terminal, safe_child)
         if max_depth is not None:
-            at_leaf = at_leaf | (tree.depth[rows, safe_child] >= max_depth)
+            at_leaf = at_leaf | (gather_nodes(tree.depth, safe_child) >= max_depth)
         is_revisit = running & ~is_new & at_leaf
         status = torch.where(is_new, NEW, torch.where(is_revisit, REVISIT, status))
         leaf = torch.where(is_revisit, child, leaf)
@@ -209,6 +208,37 @@ def backup(tree: Tree, leaf_index: torch.Tensor, active: torch.Tensor) -> None:
         tree.children_visits[rows, parent, act] = tree.children_visits[rows, parent, act] + running.long()
         index = torch.where(running, parent, index)
         running = running & (index != ROOT_INDEX)
+
+
+def backup_path(tree: Tree, path: SelectedPath, leaf_index: torch.Tensor, active: torch.Tensor) -> None:
+    """backup() along a path already known from select_path, vectorised over depth, in place.
+
+    Gives exactly the tensors backup() gives; the search uses it because it costs a fixed
+    number of tensor ops instead of a dozen per level. leaf_index, active: `[B]`.
+    """
+    mask = path.path_mask & active.unsqueeze(-1)
+    if path.path_nodes.shape[1] == 0 or not bool(mask.any()):
+        return
+    b, d = path.path_nodes.shape
+    rows = torch.arange(b, device=tree.device).unsqueeze(-1).expand(b, d)
+    nodes, acts = path.path_nodes, path.path_actions
+    reward = tree.children_rewards[rows, nodes, acts]
+    discount = tree.children_discounts[rows, nodes, acts]
+    value = tree.node_values[rows[:, 0], leaf_index.clamp_min(0)]
+    returns = torch.empty_like(reward)
+    for j in range(d - 1, -1, -1):
+        value = torch.where(mask[:, j], reward[:, j] + discount[:, j] * value, value)
+        returns[:, j] = value
+    # The child of step j is the node of step j + 1, or the leaf after the path's last step.
+    child = torch.cat([nodes[:, 1:], leaf_index.unsqueeze(-1)], 1)
+    child = torch.where(torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], 1), child, leaf_index.unsqueeze(-1))
+    # Steps past a path's end repeat its last node: keep only real steps so indices are unique.
+    r, n, a, c, g = rows[mask], nodes[mask], acts[mask], child[mask], returns[mask]
+    count = tree.node_visits[r, n]
+    tree.node_values[r, n] = (tree.node_values[r, n] * count + g) / (count + 1)
+    tree.node_visits[r, n] = count + 1
+    tree.children_values[r, n, a] = tree.node_values[r, c]
+    tree.children_visits[r, n, a] = tree.children_visits[r, n, a] + 1
 
 
 def _check_expand_output(out: ExpandOutput, b: int, l: int, k: int) -> None:
@@ -360,7 +390,7 @@ def search(
                 rows = torch.arange(b, device=tree.device)
                 safe = leaf.clamp_min(0)
                 tree.node_visits[rows, safe] = tree.node_visits[rows, safe] + revisit.long()
-            backup(tree, leaf, new_masks[j] | revisit)
+            backup_path(tree, path, leaf, new_masks[j] | revisit)
         done = done | (tree.num_simulations >= target)
     return tree
 

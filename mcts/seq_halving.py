@@ -63,5 +63,13 @@ def _table(max_num_considered_actions: int, num_simulations: int) -> tuple[tuple
 def get_table_of_considered_visits(
     max_num_considered_actions: int, num_simulations: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """`[max_num_considered_actions + 1, num_simulations]` int64: row m is the sequence for m actions."""
+    """`[max_num_considered_actions + 1, num_simulations]` int64: row m is the sequence for m actions.
+
+    Cached per device: the root rule asks for it at every selection. Do not modify it.
+    """
+    return _table_tensor(max_num_considered_actions, num_simulations, str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=64)
+def _table_tensor(max_num_considered_actions: int, num_simulations: int, device: str) -> torch.Tensor:
     return torch.tensor(_table(max_num_considered_actions, num_simulations), dtype=torch.int64, device=device)

@@ -196,18 +196,27 @@ def grow(tree: Tree, max_nodes: int) -> Tree:
     return Tree(**fields)
 
 
+def gather_nodes(t: torch.Tensor, node_index: torch.Tensor) -> torch.Tensor:
+    """`t[b, node_index[b]]` for every b: `[B, N, ...]` -> `[B, ...]`.
+
+    One index_select on the flattened tensor: several times faster on CPU than the
+    equivalent two-tensor advanced indexing, which dominated the search's time.
+    """
+    b, n = t.shape[0], t.shape[1]
+    flat = torch.arange(b, device=t.device) * n + node_index
+    return t.reshape((b * n,) + tuple(t.shape[2:])).index_select(0, flat)
+
+
 def qvalues(tree: Tree, node_index: torch.Tensor) -> torch.Tensor:
     """`[B, K]` Q(s, a) = r(s, a) + discount(s, a) * V(child) of node `node_index[b]` ([B])."""
-    rows = torch.arange(tree.batch_size, device=tree.device)
-    return tree.children_rewards[rows, node_index] + tree.children_discounts[rows, node_index] * (
-        tree.children_values[rows, node_index]
+    return gather_nodes(tree.children_rewards, node_index) + gather_nodes(tree.children_discounts, node_index) * (
+        gather_nodes(tree.children_values, node_index)
     )
 
 
 def children_visits(tree: Tree, node_index: torch.Tensor) -> torch.Tensor:
     """`[B, K]` N(s, a) of node `node_index[b]` ([B])."""
-    rows = torch.arange(tree.batch_size, device=tree.device)
-    return tree.children_visits[rows, node_index]
+    return gather_nodes(tree.children_visits, node_index)
 
 
 def summary(tree: Tree) -> SearchSummary:

@@ -221,3 +221,31 @@ def test_terminal_child_value_is_its_reward_and_is_never_expanded():
     assert mcts.qvalues(tree, torch.tensor([0]))[0, 0].item() == pytest.approx(0.7)
     assert tree.children_discounts[0, 0, 0].item() == 0.0
     assert tree.node_visits[0, node].item() == tree.children_visits[0, 0, 0].item() > 1
+
+
+def test_backup_path_equals_backup_exactly():
+    from mcts.synthetic import SyntheticEnv
+    from mcts.search import DROPPED, backup_path
+
+    env = SyntheticEnv(num_actions=4, depth=4, discount=0.9)
+    tree = mcts.muzero_policy(env.root(6), env.expand, num_simulations=20, max_nodes=60).search_tree
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(15):
+        path = select_path(
+            tree,
+            root_action_selection_fn=mcts.puct_action_selection,
+            interior_action_selection_fn=mcts.puct_action_selection,
+            active=torch.ones(6, dtype=torch.bool),
+            generator=gen,
+        )
+        assert not (path.status == DROPPED).any()
+        is_new = path.status == NEW
+        new_index = expand(tree, env.expand, path.parent[:, None], path.action[:, None], is_new[:, None])[:, 0]
+        leaf = torch.where(is_new, new_index, path.leaf)
+        rows = torch.arange(6)
+        tree.node_visits[rows, leaf] += (path.status == REVISIT).long()
+        a = mcts.Tree(**{k: v.clone() for k, v in tree.tensors().items()})
+        backup(tree, leaf, torch.ones(6, dtype=torch.bool))
+        backup_path(a, path, leaf, torch.ones(6, dtype=torch.bool))
+        for name, t in tree.tensors().items():
+            assert torch.equal(t, a.tensors()[name]), name
