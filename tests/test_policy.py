@@ -171,3 +171,14 @@ def test_prefix_cache_lru_and_longest_match():
     assert cache.longest([5, 6], limit=2) == (0, None)
     cache.put([7, 7, 7, 7], kv(4))  # 11 tokens > 10: the least recently used entry goes
     assert len(cache) == 2 and cache.tokens <= 10
+
+
+def test_fewshot_option_changes_the_prompt():
+    with_examples = make_policy("hf", "tiny", fewshot=True)
+    without = make_policy("hf", "tiny", fewshot=False)
+    custom = make_policy("hf", "tiny", fewshot="EXAMPLES HERE", device="auto")
+    conv = convs()[0]
+    assert "Example 1" in with_examples.render(conv)
+    assert "Example 1" not in without.render(conv)
+    assert "EXAMPLES HERE" in custom.render(conv)
+    assert len(without.encode(conv)) < len(with_examples.encode(conv))

@@ -44,6 +44,51 @@ from dataengine.policy.base import (
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values `[1, kv_heads, L, head_dim]`
 
 
+def _buffer_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], extra: int) -> Any:
+    """A DynamicCache whose layers write new positions into preallocated buffers (room for
+    `extra` more) instead of concatenating: a decode step no longer copies the whole cache."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+            super().__init__()
+            n, h, length, d = keys.shape
+            self.buf_k = keys.new_empty((n, h, length + extra, d))
+            self.buf_v = values.new_empty((n, values.shape[1], length + extra, values.shape[3]))
+            self.buf_k[:, :, :length] = keys
+            self.buf_v[:, :, :length] = values
+            self.length = length
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self._views()
+
+        def _views(self) -> None:
+            self.keys, self.values = self.buf_k[:, :, : self.length], self.buf_v[:, :, : self.length]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            m = key_states.shape[2]
+            if self.length + m > self.buf_k.shape[2]:
+                grow = max(m, self.buf_k.shape[2])
+                self.buf_k = torch.cat([self.buf_k, self.buf_k.new_empty(self.buf_k.shape[:2] + (grow,) + self.buf_k.shape[3:])], 2)
+                self.buf_v = torch.cat([self.buf_v, self.buf_v.new_empty(self.buf_v.shape[:2] + (grow,) + self.buf_v.shape[3:])], 2)
+            self.buf_k[:, :, self.length : self.length + m] = key_states
+            self.buf_v[:, :, self.length : self.length + m] = value_states
+            self.length += m
+            self._views()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self.buf_k, self.buf_v = self.buf_k[indices], self.buf_v[indices]
+            self._views()
+
+    cache = DynamicCache()
+    cache.layers = [BufferLayer(k, v) for k, v in layers]
+    return cache
+
+
 class PrefixCache:
     """LRU of encoded prompt prefixes: token ids -> per-layer keys/values `[1, kv_heads, L, head_dim]`.
 
@@ -151,15 +196,22 @@ class HFPolicy(Policy):
         *,
         device: str = "cpu",
         dtype: Any = None,
-        fewshot: str | None = None,
+        fewshot: str | bool | None = None,
         system: str | None = None,
         **options: Any,
     ) -> "HFPolicy":
-        """Load `model` ("smollm2", "tiny" or a folder); `fewshot` / `system` re-install the tool
-        template with that few-shot block / default system text."""
+        """Load `model` ("smollm2", "tiny" or a folder) on `device` ("auto" picks cuda when present).
+
+        fewshot: None keeps the installed template; False drops the few-shot block; True the
+        default block; a string is the block itself. system: the default system text.
+        """
         from dataengine.chat_template import DEFAULT_FEWSHOT, DEFAULT_SYSTEM, install_tool_template
         from dataengine.models import load_model
 
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if isinstance(fewshot, bool):
+            fewshot = DEFAULT_FEWSHOT if fewshot else ""
         lm, tokenizer = load_model(model, device=device, dtype=dtype)
         if fewshot is not None or system is not None:
             install_tool_template(
@@ -375,7 +427,6 @@ class HFPolicy(Policy):
         seed: int,
     ) -> list[Sample]:
         """Sample one turn for each (prompt index, sample index) row, all rows decoded together."""
-        from transformers import DynamicCache
 
         dev = self.device
         if self.prefix_reuse:
@@ -388,7 +439,7 @@ class HFPolicy(Policy):
             past_rows = [_Row(kv, len(h), []) for kv, h in zip(kvs, heads)]
         n = len(rows)
         tp = max(r.past_len for r in past_rows)
-        cache = DynamicCache(ddp_cache_data=_stack_past(past_rows, tp, self.model, dev))
+        cache = _buffer_cache(_stack_past(past_rows, tp, self.model, dev), max_new_tokens)
         valid = torch.zeros((n, tp), dtype=torch.bool, device=dev)
         for b, r in enumerate(past_rows):
             valid[b, tp - r.past_len :] = True
@@ -431,7 +482,7 @@ class HFPolicy(Policy):
             if len(keep) < len(active):
                 index = torch.tensor(keep, device=dev)
                 for layer in cache.layers:
-                    layer.keys, layer.values = layer.keys[index], layer.values[index]
+                    layer.batch_select_indices(index)
                 valid, choice, pos = valid[index], choice[index], pos[index]
                 active = [active[b] for b in keep]
             tokens = choice[:, None]

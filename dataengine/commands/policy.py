@@ -1,0 +1,65 @@
+"""`dataengine policy ...`: render prompts, sample replies, probe tool-call rates, fetch models."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    policy_app = typer.Typer(help="Policy models: prepare, render, sample, probe.", no_args_is_help=True)
+
+    @policy_app.command("prepare")
+    def prepare_command(
+        model: Annotated[str, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder.")] = "smollm2",
+    ) -> None:
+        """Convert and cache a model (SmolLM2's GGUF -> safetensors) and print its id."""
+        from dataengine.models import load_model, model_id
+
+        lm, _ = load_model(model)
+        typer.echo(model_id(lm))
+
+    @policy_app.command("render")
+    def render_command(
+        suite: Annotated[str, typer.Option("--suite", help="Suite whose first task is rendered.")] = "arithmetic",
+        model: Annotated[str, typer.Option("--model", help="Model whose tokenizer renders.")] = "tiny",
+        fewshot: Annotated[bool, typer.Option("--fewshot/--no-fewshot", help="Include the worked examples.")] = True,
+    ) -> None:
+        """Print the prompt the policy sees for a suite's first task."""
+        from dataengine.policy import Conversation, make_policy
+        from dataengine.suites import generate_suite
+
+        task = generate_suite(suite, 1, 0, seed=0)[0]
+        policy = make_policy("hf", model, fewshot=fewshot)
+        typer.echo(policy.render(Conversation.from_task(task)))
+
+    @policy_app.command("probe")
+    def probe_command(
+        suite: Annotated[str, typer.Option("--suite", help="Suite to draw tasks from.")] = "arithmetic",
+        model: Annotated[str, typer.Option("--model", help="'smollm2', 'tiny' or a folder.")] = "smollm2",
+        tasks: Annotated[int, typer.Option("--tasks", min=1, help="Number of tasks.")] = 16,
+        k: Annotated[int, typer.Option("--k", min=1, help="Samples per task.")] = 4,
+        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
+        temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 1.0,
+        seed: Annotated[int, typer.Option("--seed")] = 0,
+        fewshot: Annotated[bool, typer.Option("--fewshot/--no-fewshot", help="Include the worked examples.")] = True,
+        backend: Annotated[str, typer.Option("--backend", help="hf or vllm.")] = "hf",
+        device: Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")] = "auto",
+    ) -> None:
+        """Sample first replies to a suite's tasks and print how often they are valid tool calls."""
+        from dataengine.policy import make_policy
+        from dataengine.policy.probe import tool_call_rate
+        from dataengine.suites import SUITE_MODULES, generate_suite
+
+        if suite not in SUITE_MODULES:
+            raise typer.BadParameter(f"unknown suite {suite!r}; known: {', '.join(SUITE_MODULES)}", param_hint="--suite")
+        options = {"fewshot": fewshot, "device": device} if backend == "hf" else {}
+        policy = make_policy(backend, model, **options)
+        report = tool_call_rate(
+            policy, generate_suite(suite, tasks, 0, seed=seed), k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+        )
+        typer.echo(json.dumps(report, indent=1))
+
+    app.add_typer(policy_app, name="policy")
