@@ -344,8 +344,11 @@ def _remember(key: str, instances: dict[str, Any]) -> None:
         _INSTANCES.popitem(last=False)
 
 
-def call_method(method: str, state: dict[str, Any], **arguments: Any) -> Any:
-    """Run one BFCL method on the state's instances; mutate `state` (log and world) in place."""
+def call_method(method: str, state: dict[str, Any], /, **arguments: Any) -> Any:
+    """Run one BFCL method on the state's instances; mutate `state` (log and world) in place.
+
+    `state` is positional-only so that a tool argument may also be called "state".
+    """
     instances = instances_for(state)
     output = _execute(instances, method, arguments)
     state["log"] = [*state["log"], [method, arguments]]
