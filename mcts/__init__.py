@@ -11,36 +11,63 @@ from mcts.action_selection import (
     puct_action_selection,
     uct_action_selection,
 )
-from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats, PolicyOutput, RootInput, SearchSummary
+from mcts.base import (
+    ActionSelectionFn,
+    ExpandFn,
+    ExpandOutput,
+    NodeStats,
+    PolicyOutput,
+    RootInput,
+    SearchSummary,
+)
 from mcts.checkpoint import load_tree, save_tree
 from mcts.export import tree_to_networkx
-from mcts.policies import add_dirichlet_noise, gumbel_muzero_policy, make_generator, muzero_policy, uct_policy
+from mcts.policies import (
+    add_dirichlet_noise,
+    gumbel_muzero_policy,
+    make_generator,
+    muzero_policy,
+    uct_policy,
+)
 from mcts.qtransforms import (
     qtransform_by_min_max,
     qtransform_by_parent_and_siblings,
     qtransform_completed_by_mix_value,
 )
 from mcts.search import backup, backup_path, expand, node_stats, search, select_path
-from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, children_visits, grow, init_tree, qvalues, summary
+from mcts.tree import (
+    NO_HANDLE,
+    NO_PARENT,
+    ROOT_INDEX,
+    UNVISITED,
+    Tree,
+    children_visits,
+    gather_nodes,
+    grow,
+    init_tree,
+    qvalues,
+    summary,
+)
 
 __all__ = [
+    "NO_HANDLE",
+    "NO_PARENT",
+    "ROOT_INDEX",
+    "UNVISITED",
     "ActionSelectionFn",
     "ExpandFn",
     "ExpandOutput",
-    "NO_HANDLE",
-    "NO_PARENT",
     "NodeStats",
     "PolicyOutput",
-    "ROOT_INDEX",
     "RootInput",
     "SearchSummary",
     "Tree",
-    "UNVISITED",
     "add_dirichlet_noise",
     "backup",
     "backup_path",
     "children_visits",
     "expand",
+    "gather_nodes",
     "grow",
     "gumbel_muzero_interior_action_selection",
     "gumbel_muzero_policy",
@@ -62,4 +89,5 @@ __all__ = [
     "summary",
     "tree_to_networkx",
     "uct_action_selection",
+    "uct_policy",
 ]

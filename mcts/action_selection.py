@@ -6,14 +6,17 @@ int64 actions, never choosing an action marked invalid.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from mcts import seq_halving
 from mcts.base import NodeStats
 from mcts.numerics import softmax
-from mcts.qtransforms import qtransform_by_parent_and_siblings, qtransform_completed_by_mix_value
+from mcts.qtransforms import (
+    qtransform_by_parent_and_siblings,
+    qtransform_completed_by_mix_value,
+)
 
 QTransform = Callable[[NodeStats], torch.Tensor]
 

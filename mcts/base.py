@@ -6,8 +6,9 @@ Shapes use B = trees searched together, N = node capacity of each tree, K = acti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -111,7 +112,7 @@ class PolicyOutput:
 
     action: torch.Tensor
     action_weights: torch.Tensor
-    search_tree: "Tree"
+    search_tree: Tree
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ import torch
 from mcts import action_selection, seq_halving
 from mcts.action_selection import C_EXP, PB_C_BASE, PB_C_INIT, QTransform
 from mcts.base import ExpandFn, PolicyOutput, RootInput, SearchSummary
-from mcts.qtransforms import qtransform_by_parent_and_siblings, qtransform_completed_by_mix_value
+from mcts.qtransforms import (
+    qtransform_by_parent_and_siblings,
+    qtransform_completed_by_mix_value,
+)
 from mcts.search import node_stats, search
 from mcts.tree import ROOT_INDEX, Tree, init_tree, summary
 

@@ -111,7 +111,6 @@ def select_path(
     active: `[B]` bool, trees that search in this slot.
     """
     b = tree.batch_size
-    rows = torch.arange(b, device=tree.device)
     node = torch.full((b,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
     status = torch.full((b,), INACTIVE, dtype=torch.int64, device=tree.device)
     parent = node.clone()

@@ -39,7 +39,7 @@ def get_sequence_of_considered_visits(max_num_considered_actions: int, num_simul
     """
     if max_num_considered_actions <= 1:
         return tuple(range(num_simulations))
-    log2max = int(math.ceil(math.log2(max_num_considered_actions)))
+    log2max = math.ceil(math.log2(max_num_considered_actions))
     sequence: list[int] = []
     visits = [0] * max_num_considered_actions
     num_considered = max_num_considered_actions

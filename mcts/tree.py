@@ -82,7 +82,7 @@ class Tree:
         """`[B]` int64, simulations backed up into each tree so far."""
         return self.node_visits[:, ROOT_INDEX] - 1
 
-    def to(self, device: torch.device | str) -> "Tree":
+    def to(self, device: torch.device | str) -> Tree:
         """A copy of the tree on another device."""
         return Tree(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
 
@@ -173,7 +173,7 @@ def init_tree(
 
 def grow(tree: Tree, max_nodes: int) -> Tree:
     """A copy of the tree with capacity `max_nodes` (>= the current one); new slots are free."""
-    b, n, k = tree.batch_size, tree.max_nodes, tree.num_actions
+    b, n = tree.batch_size, tree.max_nodes
     if max_nodes <= n:
         return tree
     extra = max_nodes - n
@@ -192,7 +192,6 @@ def grow(tree: Tree, max_nodes: int) -> Tree:
         pad_shape = (b, extra) + tuple(t.shape[2:])
         pad = torch.full(pad_shape, fill.get(name, 0), dtype=t.dtype, device=t.device)
         fields[name] = torch.cat([t, pad], dim=1)
-    del k
     return Tree(**fields)
 
 

@@ -224,8 +224,8 @@ def test_terminal_child_value_is_its_reward_and_is_never_expanded():
 
 
 def test_backup_path_equals_backup_exactly():
-    from mcts.synthetic import SyntheticEnv
     from mcts.search import DROPPED, backup_path
+    from mcts.synthetic import SyntheticEnv
 
     env = SyntheticEnv(num_actions=4, depth=4, discount=0.9)
     tree = mcts.muzero_policy(env.root(6), env.expand, num_simulations=20, max_nodes=60).search_tree
