@@ -1,0 +1,143 @@
+"""Evaluation: estimators against hand-computed values; evaluate() on known-outcome policies."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import polars as pl
+import pytest
+
+from dataengine.env import ToolEnv
+from dataengine.evaluation import (
+    EvalConfig,
+    bootstrap_interval,
+    evaluate,
+    pass_at_k,
+    pass_at_k_task,
+    wilson_interval,
+    write_report,
+)
+from dataengine.policy.base import Conversation, Policy, PolicyStats, Sample
+from dataengine.suites import generate_suite, gold_turns
+from dataengine.tools.sandbox import Sandbox
+from storage import Store
+
+
+def test_wilson_known_values():
+    low, high = wilson_interval(5, 10)
+    assert (round(low, 4), round(high, 4)) == (0.2366, 0.7634)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_pass_at_k_matches_the_combinatorial_form():
+    for n, c, k in [(10, 3, 1), (10, 3, 5), (5, 0, 2), (5, 5, 5), (20, 1, 10)]:
+        expected = 1 - math.comb(n - c, k) / math.comb(n, k)
+        assert pass_at_k_task(n, c, k) == pytest.approx(expected)
+    assert pass_at_k([4, 4], [0, 2], 1) == pytest.approx([0.0, 0.5])
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k_task(2, 1, 3)
+
+
+def test_bootstrap_is_seeded_and_brackets_the_mean():
+    values = [0, 1, 1, 0, 1, 1, 1, 0]
+    a, b = bootstrap_interval(values, seed=3), bootstrap_interval(values, seed=3)
+    assert a == b and a[0] < sum(values) / len(values) < a[1]
+
+
+class GoldOrWrong(Policy):
+    """Plays each task's gold turns, except on the tasks in `wrong`, where it answers "0" at
+    once; sampled episodes (temperature > 0) solve a task on every second sample index."""
+
+    def __init__(self, tasks, wrong):
+        self.turns = {t.messages[-1].content: gold_turns(t) for t in tasks}
+        self.wrong = {t.messages[-1].content for t in wrong}
+        self.model_id = "gold-or-wrong"
+        self.stats = PolicyStats()
+        self.calls = 0
+
+    def sample(self, convs, k, *, max_new_tokens=128, temperature=1.0, top_p=1.0, seed=0):
+        out = []
+        self.calls += 1
+        for conv in convs:
+            question = next(m.content for m in conv.messages if m.role == "user")
+            step = sum(m.role == "assistant" for m in conv.messages)
+            bad = question in self.wrong if temperature == 0 else (seed // 10_007) % 2 == 1
+            text = "0" if bad else self.turns[question][step]
+            out.append([Sample(text, (1, 2), (-0.5, -0.5), -1.0, 2, "stop")] * k)
+        return out
+
+    def score(self, convs, continuations, *, end_turn=True):
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def env():
+    with Sandbox(workers=1, preload=["arithmetic"]) as sandbox:
+        yield ToolEnv(sandbox, max_steps=6)
+
+
+def test_evaluate_counts_known_outcomes(env, tmp_path):
+    tasks = generate_suite("arithmetic", n_train=0, n_heldout=6, seed=0)
+    policy = GoldOrWrong(tasks, wrong=tasks[::2])
+    report = evaluate(policy, env, tasks, EvalConfig(k=2, samples=4, seed=0))
+    greedy = report.metric("greedy_success")
+    assert (greedy.value, greedy.n) == (0.5, 6)
+    assert greedy.ci_low < 0.5 < greedy.ci_high
+    assert greedy.details["per_task"] == {t.id: i % 2 == 1 for i, t in enumerate(tasks)}
+    # Sample indices 1 and 3 of 4 fail (seed stream parity), so c = 2 of n = 4 on every task.
+    assert report.metric("pass@2").value == pytest.approx(1 - math.comb(2, 2) / math.comb(4, 2))
+    assert report.metric("sample_success").value == pytest.approx(0.5)
+    # A wrong immediate answer gets "when" wrong (a tool was needed); gold gets every axis right.
+    assert report.metric("axis/when").value == pytest.approx(0.5)
+    assert report.metric("axis/final").value == pytest.approx(0.5)
+    assert greedy.details["tokens_per_solved"] > 0
+
+    store = Store(tmp_path / "store")
+    version = write_report(store, report, run_id="eval-1", config={"k": 2})
+    evals = store.evals(version).collect()
+    assert set(evals["metric"]) >= {"greedy_success", "pass@2", "sample_success", "axis/how"}
+    row = evals.filter(pl.col("metric") == "greedy_success").row(0, named=True)
+    assert (row["value"], row["n"], row["model_id"]) == (0.5, 6, "gold-or-wrong")
+    trajs = store.trajectories().collect()
+    assert trajs.height == 6 + 24
+    assert trajs.filter(pl.col("source") == "eval-greedy")["success"].sum() == 3
+    assert json.loads(trajs["messages_json"][0])[0]["role"] == "user"
+
+
+def test_evaluate_with_search_results(env):
+    tasks = generate_suite("arithmetic", n_train=0, n_heldout=4, seed=1)
+    policy = GoldOrWrong(tasks, wrong=tasks[:1])
+    from dataengine.evaluation.rollout import rollouts
+
+    def search(ts):
+        played = rollouts(policy, env, ts, n=1, temperature=0.0)
+        return [(r[0], True) for r in played]
+
+    report = evaluate(policy, env, tasks, EvalConfig(greedy=False), search=search)
+    assert report.metric("search_success").value == 0.75
+    assert report.metric("search_found").value == 1.0
+
+
+def test_eval_config_errors():
+    with pytest.raises(ValueError, match="samples"):
+        EvalConfig(k=4, samples=2).validate()
+    with pytest.raises(ValueError, match="temperature"):
+        EvalConfig(k=2, temperature=0).validate()
+
+
+@pytest.mark.slow
+def test_evaluate_tiny_model_runs(env):
+    from dataengine.policy import make_policy
+
+    tasks = generate_suite("arithmetic", n_train=0, n_heldout=2, seed=0)
+    policy = make_policy("hf", "tiny")
+    config = EvalConfig(k=2, max_new_tokens=8, seed=0)
+    first = evaluate(policy, env, tasks, config)
+    again = evaluate(policy, env, tasks, config)
+    assert [m.value for m in first.metrics] == [m.value for m in again.metrics]
+    texts = [o.rollout.state.messages[-1].content for o in first.outcomes]
+    assert texts == [o.rollout.state.messages[-1].content for o in again.outcomes]
