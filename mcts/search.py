@@ -264,6 +264,8 @@ def expand(tree: Tree, expand_fn: ExpandFn, parents: torch.Tensor, actions: torc
     handles = tree.node_handle[rows, parents]
     out = expand_fn(handles, actions, valid)
     _check_expand_output(out, b, l, k)
+    # The caller may compute on another device (a model on GPU, a tree on CPU, or back).
+    out = ExpandOutput(**{f: getattr(out, f).to(tree.device) for f in ExpandOutput.__dataclass_fields__})
     new_index = tree.num_nodes.unsqueeze(-1) + valid.long().cumsum(1) - 1
     new_index = torch.where(valid, new_index, UNVISITED)
     bi, li = valid.nonzero(as_tuple=True)

@@ -20,11 +20,12 @@ UNVISITED = -1
 NO_HANDLE = -1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Tree:
     """B search trees of capacity N nodes and K actions per node.
 
     The tensors are updated in place by the search; growing the capacity returns a new Tree.
+    Trees compare by identity (compare `tensors()` to compare contents).
 
     node_visits: `[B, N]` int64, visit count of each node (the root starts at 1).
     raw_values: `[B, N]` float, value estimate each node got at expansion (0 if terminal).

@@ -5,6 +5,8 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mcts
 from mcts.base import ExpandOutput, RootInput
@@ -254,3 +256,24 @@ def test_runs_on_every_device(device):
         out = policy(env.root(4, device=device), env.expand, num_simulations=20, leaves_per_iteration=2, device=device)
         assert out.search_tree.device.type == device and out.action.device.type == device
         check_invariants(out.search_tree.to("cpu"), 20)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    policy=st.sampled_from(POLICIES),
+    k=st.integers(2, 6),
+    b=st.integers(1, 4),
+    leaves=st.integers(1, 5),
+    sims=st.integers(0, 30),
+    depth=st.integers(1, 5),
+    max_depth=st.one_of(st.none(), st.integers(1, 4)),
+    invalid=st.sampled_from([0.0, 0.5]),
+    seed=st.integers(0, 3),
+)
+def test_invariants_hold_for_random_configurations(policy, k, b, leaves, sims, depth, max_depth, invalid, seed):
+    torch.set_num_threads(1)
+    env = SyntheticEnv(num_actions=k, depth=depth, invalid_fraction=invalid, discount=0.8, seed=seed)
+    out = policy(env.root(b), env.expand, num_simulations=sims, leaves_per_iteration=leaves, max_depth=max_depth, seed=seed)
+    check_invariants(out.search_tree, sims)
+    if max_depth is not None:
+        assert int(out.search_tree.depth.max()) <= max_depth
