@@ -52,7 +52,8 @@ class GoldOrWrong(Policy):
     """Plays each task's gold turns, except on the tasks in `wrong`, where it answers "0" at
     once; sampled episodes (temperature > 0) solve a task on every second sample index."""
 
-    def __init__(self, tasks, wrong):
+    def __init__(self, tasks, wrong, flaky_samples=True):
+        self.flaky_samples = flaky_samples
         self.turns = {t.messages[-1].content: gold_turns(t) for t in tasks}
         self.wrong = {t.messages[-1].content for t in wrong}
         self.model_id = "gold-or-wrong"
@@ -65,7 +66,10 @@ class GoldOrWrong(Policy):
         for conv in convs:
             question = next(m.content for m in conv.messages if m.role == "user")
             step = sum(m.role == "assistant" for m in conv.messages)
-            bad = question in self.wrong if temperature == 0 else (seed // 10_007) % 2 == 1
+            if temperature == 0 or not self.flaky_samples:
+                bad = question in self.wrong
+            else:
+                bad = (seed // 10_007) % 2 == 1
             text = "0" if bad else self.turns[question][step]
             out.append([Sample(text, (1, 2), (-0.5, -0.5), -1.0, 2, "stop")] * k)
         return out
@@ -141,3 +145,16 @@ def test_evaluate_tiny_model_runs(env):
     assert [m.value for m in first.metrics] == [m.value for m in again.metrics]
     texts = [o.rollout.state.messages[-1].content for o in first.outcomes]
     assert texts == [o.rollout.state.messages[-1].content for o in again.outcomes]
+
+
+def test_search_at_inference_with_gold_policy(env):
+    """With a policy that plays gold, the search's chosen path solves every task."""
+    from dataengine.config import EngineConfig
+    from dataengine.evaluation.search import search_at_inference
+
+    tasks = generate_suite("arithmetic", n_train=0, n_heldout=2, seed=2)
+    policy = GoldOrWrong(tasks, wrong=[], flaky_samples=False)
+    config = EngineConfig(search={"num_simulations": 4, "num_actions": 2, "value": "zero", "trees_per_batch": 2})
+    report = evaluate(policy, env, tasks, EvalConfig(greedy=False), search=search_at_inference(policy, env, config))
+    assert report.metric("search_success").value == 1.0
+    assert report.metric("search_found").value == 1.0
