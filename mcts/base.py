@@ -104,7 +104,7 @@ ActionSelectionFn = Callable[[NodeStats, torch.Generator], torch.Tensor]
 class PolicyOutput:
     """The result of a search, as mctx returns it.
 
-    action: `[B]` int64, the action proposed at each root.
+    action: `[B]` int64, the action proposed at each root (-1 where the root has no valid action).
     action_weights: `[B, K]` float, the improved policy to train the policy network on (visit
       distribution for PUCT/UCT, softmax(logits + sigma(completed Q)) for Gumbel MuZero).
     search_tree: the searched Tree (keep it to resume, save or export).

@@ -66,6 +66,11 @@ def _apply_temperature(probs: torch.Tensor, temperature: float) -> torch.Tensor:
     return (logits - logits.max(-1, keepdim=True).values) / temperature
 
 
+def _no_action_where_unsearchable(tree: Tree, action: torch.Tensor) -> torch.Tensor:
+    """-1 for roots without any valid action (nothing can be proposed there)."""
+    return torch.where(tree.terminal[:, ROOT_INDEX], -1, action)
+
+
 def _visit_policy(tree: Tree, temperature: float, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Action sampled from the root visit counts (argmax if temperature == 0) and the weights."""
     stats: SearchSummary = summary(tree)
@@ -77,7 +82,7 @@ def _visit_policy(tree: Tree, temperature: float, generator: torch.Generator | N
     else:
         probs = torch.softmax(_apply_temperature(weights, temperature), -1)
         action = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return action, weights
+    return _no_action_where_unsearchable(tree, action), weights
 
 
 def muzero_policy(
@@ -227,7 +232,7 @@ def gumbel_muzero_policy(
     scores = seq_halving.score_considered(
         considered_visit, tree.root_gumbel, stats.prior_logits, completed_q, stats.children_visits
     )
-    action = action_selection.masked_argmax(scores, stats.invalid)
+    action = _no_action_where_unsearchable(tree, action_selection.masked_argmax(scores, stats.invalid))
     weights = torch.softmax((stats.prior_logits + completed_q).masked_fill(stats.invalid, float("-inf")), -1)
     # A root without any valid action has no policy to improve: its weights are all zero.
     weights = torch.nan_to_num(weights, nan=0.0)

@@ -245,8 +245,10 @@ def test_bad_expand_output_is_named():
 
 def test_root_without_valid_actions_is_not_searched():
     root = RootInput(torch.full((1, 3), float("-inf")), torch.zeros(1), torch.zeros(1, dtype=torch.int64))
-    out = mcts.muzero_policy(root, SyntheticEnv(num_actions=3).expand, num_simulations=5)
-    assert out.search_tree.num_simulations.tolist() == [0]
+    for policy in POLICIES:
+        out = policy(root, SyntheticEnv(num_actions=3).expand, num_simulations=5)
+        assert out.search_tree.num_simulations.tolist() == [0]
+        assert out.action.tolist() == [-1] and (out.action_weights == 0).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
