@@ -75,12 +75,13 @@ def _visit_policy(tree: Tree, temperature: float, generator: torch.Generator | N
     """Action sampled from the root visit counts (argmax if temperature == 0) and the weights."""
     stats: SearchSummary = summary(tree)
     weights = stats.visit_probs
+    invalid = torch.isneginf(tree.children_prior_logits[:, ROOT_INDEX])
     if temperature == 0.0:
-        action = stats.visit_counts.masked_fill(
-            torch.isneginf(tree.children_prior_logits[:, ROOT_INDEX]), -1
-        ).argmax(-1)
+        action = stats.visit_counts.masked_fill(invalid, -1).argmax(-1)
     else:
-        probs = torch.softmax(_apply_temperature(weights, temperature), -1)
+        probs = torch.softmax(_apply_temperature(weights, temperature), -1).masked_fill(invalid, 0.0)
+        # Rows with nothing to sample (no valid action) get a placeholder; they answer -1.
+        probs = torch.where(probs.sum(-1, keepdim=True) > 0, probs, torch.ones_like(probs))
         action = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return _no_action_where_unsearchable(tree, action), weights
 

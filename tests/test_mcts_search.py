@@ -279,3 +279,11 @@ def test_invariants_hold_for_random_configurations(policy, k, b, leaves, sims, d
     check_invariants(out.search_tree, sims)
     if max_depth is not None:
         assert int(out.search_tree.depth.max()) <= max_depth
+
+
+def test_zero_simulations_propose_a_valid_action():
+    env = SyntheticEnv(num_actions=6, depth=3, invalid_fraction=0.5)
+    root = env.root(16)
+    for policy in POLICIES:
+        out = policy(root, env.expand, num_simulations=0)
+        assert not torch.isneginf(root.prior_logits.gather(1, out.action[:, None])).any()
