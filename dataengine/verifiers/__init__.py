@@ -26,6 +26,7 @@ from dataengine.verifiers.composite import (
     default_verifiers,
     is_success,
     outcome_verdict,
+    outcome_verdicts,
     rule_verifiers,
 )
 from dataengine.verifiers.efficiency import EfficiencyVerifier, LengthVerifier
@@ -60,6 +61,7 @@ __all__ = [
     "normalize_answer",
     "not_applicable",
     "outcome_verdict",
+    "outcome_verdicts",
     "replay_in_process",
     "rule_verifiers",
     "schema_errors",

@@ -70,7 +70,8 @@ def match_answer(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1
 class FinalAnswerVerifier:
     """The episode's final answer against task.gold.answer.
 
-    rel_tol, abs_tol: numeric tolerance (math.isclose). Not applicable without a gold answer.
+    rel_tol, abs_tol: numeric tolerance (math.isclose); task.metadata["answer_rel_tol"] and
+        ["answer_abs_tol"] override them per task. Not applicable without a gold answer.
     details: match ("exact" | "numeric" | "contained" | "miss" | "miss_numeric"), answer.
     """
 
@@ -88,6 +89,9 @@ class FinalAnswerVerifier:
         answer = episode.final_answer
         if answer is None:
             return verdict(self.name, self.version, False, confidence=1.0, match="none", answer=None)
-        how = match_answer(answer, gold, self.rel_tol, self.abs_tol)
+        # a suite may set its own tolerance (units: 1e-3 relative)
+        rel_tol = float(episode.task.metadata.get("answer_rel_tol", self.rel_tol))
+        abs_tol = float(episode.task.metadata.get("answer_abs_tol", self.abs_tol))
+        how = match_answer(answer, gold, rel_tol, abs_tol)
         passed = how in ("exact", "numeric", "contained")
         return verdict(self.name, self.version, passed, confidence=CONFIDENCE[how], match=how, answer=answer[:500])

@@ -6,7 +6,7 @@ Reward of an episode (CompositeReward.score):
            + min(shaping_cap, sum_i shaping[i] * score_i)          (shaping, >= 0, capped)
            + max(syntax_penalty_cap, syntax_penalty * malformed_steps)   (<= 0)
 
-success: the outcome verdict passed (the first that applies of end_state, final_answer,
+success: the outcome verdicts passed (end_state and final_answer, those that apply; else
 arguments) and the "when" verdict passed. The defaults make success dominate: success is
 worth 1.0, all shaping together at most 0.15, the syntax penalty at most -0.1, so a failed
 episode never out-scores a successful one (checked in RewardWeights.__post_init__).
@@ -45,7 +45,8 @@ class RewardWeights:
     syntax_penalty: added per step whose action failed to parse (negative).
     syntax_penalty_cap: the most negative the syntax penalty may get.
     step_cap: cap of the process reward of one step (step_reward), below `success`.
-    outcome_order: verdict names tried in order to decide success; the first that applies wins.
+    outcome_order: verdict names that decide success: the first two together where they apply,
+        else the first applicable of the rest (see outcome_verdicts).
     """
 
     success: float = 1.0
@@ -171,26 +172,32 @@ def _by_name(verdicts: Iterable[Verdict]) -> dict[str, Verdict]:
     return {v.name: v for v in verdicts}
 
 
-def outcome_verdict(verdicts: Iterable[Verdict], order: Sequence[str] = OUTCOME_ORDER) -> Verdict | None:
-    """The verdict that decides success: the first of `order` that applies (passed is not None)."""
+def outcome_verdicts(verdicts: Iterable[Verdict], order: Sequence[str] = OUTCOME_ORDER) -> list[Verdict]:
+    """The verdicts that decide success: every applicable one of the first two of `order`
+    (end state and final answer, both when both apply), else the first applicable of the rest
+    (arguments: the outcome only when the task has neither an end state nor an answer)."""
     named = _by_name(verdicts)
-    for name in order:
-        v = named.get(name)
-        if v is not None and v.passed is not None:
-            return v
-    return None
+    applicable = [named[n] for n in order if n in named and named[n].passed is not None]
+    primary = [v for v in applicable if v.name in order[:2]]
+    return primary or applicable[:1]
+
+
+def outcome_verdict(verdicts: Iterable[Verdict], order: Sequence[str] = OUTCOME_ORDER) -> Verdict | None:
+    """The first verdict that decides success (see outcome_verdicts), or None."""
+    out = outcome_verdicts(verdicts, order)
+    return out[0] if out else None
 
 
 def is_success(verdicts: Sequence[Verdict], order: Sequence[str] = OUTCOME_ORDER) -> bool:
-    """Outcome verdict passed (or, with none, the episode still had to get "when" right) and "when" passed."""
+    """Every outcome verdict passed (with none, the episode still had to get "when" right) and "when" passed."""
     named = _by_name(verdicts)
     when = named.get("when")
     if when is not None and when.passed is False:
         return False
-    outcome = outcome_verdict(verdicts, order)
-    if outcome is None:
+    outcome = outcome_verdicts(verdicts, order)
+    if not outcome:
         return bool(when is not None and when.passed)
-    return bool(outcome.passed)
+    return all(v.passed for v in outcome)
 
 
 def axes(verdicts: Sequence[Verdict]) -> dict[str, bool | None]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from dataengine.types import Episode, Step, Task, Verdict
 from dataengine.verifiers.base import not_applicable, verdict
 
@@ -16,8 +14,23 @@ def reference_steps(task: Task) -> int:
     return len(task.gold.calls) + 1
 
 
+def repeated_calls(episode: Episode) -> int:
+    """Calls identical (name and arguments) to one in the step just before: the looping failure.
+
+    Repeats further apart are not counted: re-reading after a write, or going back and forth
+    between folders, is legitimate in stateful suites.
+    """
+    repeats = 0
+    previous: set[str] = set()
+    for step in episode.steps:
+        keys = [c.key() for c in step.action.tool_calls]
+        repeats += sum(1 for k in keys if k in previous)
+        previous = set(keys)
+    return repeats
+
+
 class EfficiencyVerifier:
-    """Penalise steps beyond the reference and calls repeated with identical arguments.
+    """Penalise steps beyond the reference and calls repeated from the step just before.
 
     slack: extra steps allowed before the verdict fails. Score = 1 / (1 + extra + repeats),
     where extra = max(0, steps - reference - slack).
@@ -35,8 +48,7 @@ class EfficiencyVerifier:
             return not_applicable(self.name, self.version, "episode has no steps")
         ref = reference_steps(episode.task)
         extra = max(0, len(episode.steps) - ref - self.slack)
-        counts = Counter(c.key() for c in episode.calls)
-        repeats = sum(n - 1 for n in counts.values())
+        repeats = repeated_calls(episode)
         bad = extra + repeats
         return verdict(
             self.name, self.version, bad == 0, 1.0 / (1.0 + bad), steps=len(episode.steps), reference=ref, extra=extra, repeats=repeats

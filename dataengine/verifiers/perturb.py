@@ -69,9 +69,9 @@ def perturb_calls(
     specs = {t.name: t.parameters for t in tools}
     acc = acceptable or [{k: [v] for k, v in c.arguments.items()} for c in calls]
     out: list[CallPerturbation] = []
-    names = set(specs)
     first = calls[0]
-    other = sorted(n for n in names if n != first.name)
+    # a tool the task offers but the gold does not use; else a tool that does not exist
+    other = sorted(set(specs) - {c.name for c in calls})
     out.append(CallPerturbation("wrong_name", _replace(calls, 0, first.model_copy(update={"name": other[0] if other else first.name + "_x"})), False))
     out.append(
         CallPerturbation(

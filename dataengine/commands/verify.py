@@ -1,0 +1,109 @@
+"""`dataengine verify bfcl ...` (check prediction files) and `dataengine verifiers report` (calibration)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+def _read_predictions(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        raise typer.BadParameter(f"predictions file {path} does not exist", param_hint="--predictions")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise typer.BadParameter(f"{path}:{number}: not valid JSON ({exc.msg})", param_hint="--predictions") from None
+            if not isinstance(row, dict) or "id" not in row:
+                raise typer.BadParameter(
+                    f'{path}:{number}: each line must be an object {{"id": ..., "calls": [...]}}', param_hint="--predictions"
+                )
+            rows.append(row)
+    return rows
+
+
+def register(app: typer.Typer) -> None:
+    verify_app = typer.Typer(help="Check model predictions against external benchmarks.", no_args_is_help=True)
+
+    @verify_app.command("bfcl")
+    def bfcl_command(
+        category: str = typer.Option(..., "--category", help="BFCL category, e.g. simple, parallel, live_multiple, multi_turn_base."),
+        predictions: Path = typer.Option(..., "--predictions", help='JSONL: {"id": ..., "calls": [{"name": ..., "arguments": {...}}]} per line.'),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write one {id, valid, reason} per line here (default: stdout)."),
+    ) -> None:
+        """Check predictions with BFCL's rules (AST semantics; end state for multi-turn) and print a summary."""
+        from dataengine.external import MissingPackageError, bfcl
+
+        try:
+            name = bfcl.canonical_category(category)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--category") from None
+        rows = _read_predictions(predictions)
+        try:
+            task_ids = {t.metadata["bfcl_id"] for t in bfcl.load_tasks(name)}
+            results = list(bfcl.verify_predictions(name, rows))
+        except MissingPackageError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=1) from None
+        lines = [json.dumps(r, ensure_ascii=False) for r in results]
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        else:
+            for line in lines:
+                typer.echo(line)
+        valid = sum(r["valid"] for r in results)
+        seen = {r["id"] for r in results}
+        summary = {
+            "category": name,
+            "predictions": len(results),
+            "valid": valid,
+            "accuracy": valid / len(results) if results else 0.0,
+            "unknown_ids": len(seen - task_ids),
+            "missing_tasks": len(task_ids - seen),
+            "tasks": len(task_ids),
+        }
+        typer.echo(json.dumps({"summary": summary}))
+
+    app.add_typer(verify_app, name="verify")
+
+    verifiers_app = typer.Typer(help="Rule-based verifiers and the composite reward.", no_args_is_help=True)
+
+    @verifiers_app.command("report")
+    def report_command(
+        per_suite: int = typer.Option(10, "--per-suite", min=1, help="Tasks per built-in suite and per BFCL category."),
+        external: bool = typer.Option(True, "--external/--no-external", help="Include BFCL and tau2 when installed."),
+        tau2_tasks: int = typer.Option(1, "--tau2-tasks", min=0, help="tau2 tasks per domain (each replays a 3-7 MB database)."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the built-in suites' tasks."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the rows as JSON here."),
+    ) -> None:
+        """Run every verifier on gold and perturbed episodes; print agreement, precision and recall."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from dataengine.verifiers.report import calibrate, calibration_set
+
+        examples = calibration_set(per_suite=per_suite, external=external, tau2_tasks=tau2_tasks, seed=seed)
+        rows = calibrate(examples)
+        sources = sorted({e.source for e in examples})
+        table = Table("verifier", "n", "agreement", "precision(pass)", "recall(pass)", "n/a", "disagreements by kind",
+                      title=f"{len(examples)} labelled episodes from {len(sources)} suites")
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        for r in rows:
+            table.add_row(
+                r["verifier"], str(r["n"]), fmt(r["agreement"]), fmt(r["precision"]), fmt(r["recall"]), str(r["n_missing"]),
+                ", ".join(f"{k}={v}" for k, v in r["disagreements"].items()) or "",
+            )
+        Console().print(table)
+        if json_out is not None:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps({"sources": sources, "examples": len(examples), "rows": rows}, indent=2), encoding="utf-8")
+
+    app.add_typer(verifiers_app, name="verifiers")

@@ -1,0 +1,267 @@
+"""Calibration report: every rule verifier on a labelled set of gold and perturbed episodes.
+
+Labelled set: for tasks of the built-in suites (and, when installed, BFCL and tau2-bench), the
+gold episode and variants that break one thing on purpose. Each variant carries the verdicts
+it must get (labels) for the verifiers it targets, e.g. a dropped required argument must fail
+"format" and "arguments"; a wrong final answer must fail "final_answer" and "success".
+
+Episodes are executed in this process with the tasks' own toolboxes (no sandbox): verifiers
+are pure functions of the episode, so where the calls ran does not change a verdict.
+
+Per verifier: n (labelled and applicable), agreement (verdict == label), precision and recall
+of its "pass" (precision: share of passes that are right; a low one means the verifier lets
+bad episodes through, which is what reward hacking exploits), and n_missing (labelled but the
+verifier said "not applicable").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from dataengine.types import Action, Episode, Step, Task, ToolCall, ToolResult
+from dataengine.verifiers.composite import CompositeReward
+from dataengine.verifiers.end_state import end_state_hash, replay_in_process
+from dataengine.verifiers.perturb import perturb_calls
+from dataengine.verifiers.schema import schema_errors
+
+# What each call perturbation must do to the verdicts (beyond what is checked per task).
+CALL_LABELS: dict[str, dict[str, bool]] = {
+    "wrong_name": {"which": False, "arguments": False},
+    "extra_parameter": {"arguments": False},
+    "drop_required": {"format": False, "arguments": False},
+    "wrong_type": {"format": False, "arguments": False},
+    "changed_value": {"arguments": False},
+    "extra_call": {"arguments": False},
+    "reordered": {"arguments": True},
+}
+
+
+@dataclass
+class Labelled:
+    """One labelled episode: where it came from, what was changed, and the verdicts it must get."""
+
+    source: str
+    kind: str
+    episode: Episode
+    labels: dict[str, bool] = field(default_factory=dict)
+
+
+def _copy(state: Any) -> Any:
+    return None if state is None else json.loads(json.dumps(state))
+
+
+def execute(task: Task, actions: list[Action]) -> Episode:
+    """Run `actions` in order against the task's toolbox in this process; the resulting Episode.
+
+    Each call gets a ToolResult like the sandbox gives: unknown_tool, bad_arguments (schema),
+    exception (the state is left as before the call), or ok.
+    """
+    from dataengine.tools.registry import get_toolbox
+
+    toolbox = get_toolbox(task.toolbox)
+    state = _copy(toolbox.initial_state(task))
+    steps = []
+    for action in actions:
+        results = []
+        for call in action.tool_calls if action.parse_error is None else []:
+            tool = toolbox.tools.get(call.name)
+            if tool is None:
+                results.append(ToolResult(call=call, status="unknown_tool", error=f"unknown tool {call.name!r}"))
+                continue
+            problems = schema_errors(tool.spec.parameters, call)
+            if problems:
+                results.append(ToolResult(call=call, status="bad_arguments", error="; ".join(problems)))
+                continue
+            trial = _copy(state) if tool.stateful else None
+            try:
+                output = tool.fn(trial, **call.arguments) if tool.stateful else tool.fn(**call.arguments)
+            except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, as in the sandbox
+                results.append(ToolResult(call=call, status="exception", error=f"{type(exc).__name__}: {exc}"))
+                continue
+            if tool.stateful:
+                state = trial
+            results.append(ToolResult(call=call, status="ok", output=json.loads(json.dumps(output, default=str))))
+        steps.append(Step(action=action, results=results))
+    done = bool(actions) and actions[-1].is_final
+    return Episode(task=task, steps=steps, final_state=state, done=done)
+
+
+def _final_text(task: Task) -> str:
+    return str(task.gold.answer if task.gold.answer is not None else task.metadata.get("gold_reply", "Done."))
+
+
+def _call_actions(calls: list[ToolCall], parallel: bool = False) -> list[Action]:
+    """One action per call, or (parallel) one action with all of them, as BFCL AST tasks expect."""
+    if parallel and calls:
+        return [Action(text=json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls]), tool_calls=list(calls))]
+    return [Action(text=json.dumps({"name": c.name, "arguments": c.arguments}), tool_calls=[c]) for c in calls]
+
+
+def _answer(text: str) -> Action:
+    return Action(text=text, final_answer=text)
+
+
+def _stateful(task: Task) -> bool:
+    return bool(task.gold.end_state_hash or task.initial_state is not None or task.metadata.get("stateful"))
+
+
+def _wrong_answer(gold: str) -> str:
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*", gold)
+    if m:
+        value = float(m.group(1))
+        return str(int(value) + 7) if value.is_integer() else str(value + 7.5)
+    return "I am not sure, maybe qwzx."
+
+
+def _drop_effective_write(task: Task) -> list[ToolCall] | None:
+    """Gold calls minus the last call whose removal changes the end state (None if none does)."""
+    calls = list(task.gold.calls)
+    reference = end_state_hash(task, replay_in_process(task, calls))
+    for i in range(len(calls) - 1, -1, -1):
+        rest = calls[:i] + calls[i + 1 :]
+        if end_state_hash(task, replay_in_process(task, rest)) != reference:
+            return rest
+    return None
+
+
+def labelled_episodes(task: Task, source: str) -> list[Labelled]:
+    """The gold episode of `task` and its perturbed variants, with labels."""
+    gold = task.gold
+    calls = list(gold.calls)
+    final = _answer(_final_text(task))
+    out: list[Labelled] = []
+    arguments_decide = gold.answer is None and not _stateful(task)
+    parallel = arguments_decide  # single-turn call tasks (BFCL AST) get all calls in one turn
+    if gold.needs_tool and not calls:
+        return out  # any call would do (BFCL relevance): no single gold episode to perturb
+    gold_labels = {"format": True, "when": True, "success": True, "length": True, "efficiency": True}
+    if calls:
+        gold_labels.update(which=True, execution=True, arguments=True)
+    if gold.answer is not None:
+        gold_labels["final_answer"] = True
+    if _stateful(task):
+        gold_labels["end_state"] = True
+    out.append(Labelled(source, "gold", execute(task, [*_call_actions(calls, parallel), final]), gold_labels))
+
+    for p in perturb_calls(calls, task.tools, gold.acceptable or None):
+        labels = dict(CALL_LABELS[p.kind])
+        if arguments_decide:
+            labels["success"] = labels["arguments"]
+        out.append(Labelled(source, p.kind, execute(task, [*_call_actions(p.calls, parallel), final]), labels))
+    if gold.answer is not None:
+        wrong = _answer(_wrong_answer(gold.answer))
+        out.append(Labelled(source, "wrong_answer", execute(task, [*_call_actions(calls), wrong]), {"final_answer": False, "success": False}))
+    if gold.needs_tool:
+        out.append(Labelled(source, "no_call", execute(task, [final]), {"when": False, "success": False}))
+    elif task.tools:
+        spec = task.tools[0]
+        needless = ToolCall(name=spec.name, arguments={})
+        out.append(Labelled(source, "needless_call", execute(task, [*_call_actions([needless]), final]), {"when": False, "success": False}))
+    if _stateful(task) and calls:
+        rest = _drop_effective_write(task)
+        if rest is not None:
+            out.append(Labelled(source, "drop_write", execute(task, [*_call_actions(rest), final]), {"end_state": False, "success": False}))
+    broken = Action(text='<tool_call>{"name": ', parse_error="unterminated JSON in <tool_call>")
+    out.append(Labelled(source, "parse_error", execute(task, [broken, *_call_actions(calls), final]), {"format": False, "success": True}))
+    padded = _answer(_final_text(task) + " " + "and so on " * 300)
+    out.append(Labelled(source, "overlong", execute(task, [*_call_actions(calls), padded]), {"length": False}))
+    if calls:
+        loop = [*_call_actions(calls[:1]) * 3, *_call_actions(calls[1:]), final]
+        out.append(Labelled(source, "loop", execute(task, loop), {"efficiency": False}))
+    return out
+
+
+def builtin_tasks(per_suite: int, seed: int = 0) -> list[Task]:
+    """`per_suite` held-out tasks of every built-in suite."""
+    from dataengine.suites import generate_suite, list_suites
+
+    return [t for name in list_suites() for t in generate_suite(name, 0, per_suite, seed=seed)]
+
+
+def external_tasks(per_category: int, tau2_tasks: int = 1) -> list[Task]:
+    """BFCL tasks (AST, irrelevance, multi-turn) and tau2 tasks, for whichever package is installed."""
+    from dataengine.external import MissingPackageError
+
+    tasks: list[Task] = []
+    try:
+        from dataengine.external import bfcl
+
+        for category in ("simple_python", "multiple", "parallel", "parallel_multiple", "live_simple", "irrelevance", "multi_turn_base"):
+            picked = [t for t in bfcl.load_tasks(category) if "bfcl_gold_unsatisfiable" not in t.metadata]
+            tasks.extend(picked[:per_category])
+    except MissingPackageError:
+        pass
+    if tau2_tasks > 0:
+        try:
+            from dataengine.external import tau2
+
+            for domain in tau2.DOMAINS:
+                tasks.extend(tau2.load_tasks(domain, limit=tau2_tasks))
+        except MissingPackageError:
+            pass
+    return tasks
+
+
+@dataclass
+class VerifierStats:
+    """Counts of one verifier against the labels."""
+
+    name: str
+    n: int = 0
+    agree: int = 0
+    true_pass: int = 0
+    false_pass: int = 0
+    false_fail: int = 0
+    missing: int = 0
+    by_kind: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, kind: str, predicted: bool | None, label: bool) -> None:
+        if predicted is None:
+            self.missing += 1
+            return
+        self.n += 1
+        ok = predicted == label
+        self.agree += ok
+        self.true_pass += predicted and label
+        self.false_pass += predicted and not label
+        self.false_fail += (not predicted) and label
+        cell = self.by_kind.setdefault(kind, [0, 0])
+        cell[0] += ok
+        cell[1] += 1
+
+    def row(self) -> dict[str, Any]:
+        passes = self.true_pass + self.false_pass
+        goods = self.true_pass + self.false_fail
+        return {
+            "verifier": self.name,
+            "n": self.n,
+            "agreement": self.agree / self.n if self.n else None,
+            "precision": self.true_pass / passes if passes else None,
+            "recall": self.true_pass / goods if goods else None,
+            "n_missing": self.missing,
+            "disagreements": {k: v[1] - v[0] for k, v in sorted(self.by_kind.items()) if v[0] != v[1]},
+        }
+
+
+def calibrate(examples: Iterable[Labelled], reward: CompositeReward | None = None) -> list[dict[str, Any]]:
+    """Run every verifier (and the composite success) on labelled episodes; one row per verifier."""
+    reward = reward or CompositeReward()
+    stats: dict[str, VerifierStats] = {}
+    for ex in examples:
+        result = reward.score(ex.episode)
+        verdicts = {v.name: v.passed for v in result.verdicts}
+        verdicts["success"] = result.success
+        for name, label in ex.labels.items():
+            stats.setdefault(name, VerifierStats(name)).add(f"{ex.source}:{ex.kind}", verdicts.get(name), label)
+    return [stats[k].row() for k in sorted(stats)]
+
+
+def calibration_set(per_suite: int = 10, external: bool = True, tau2_tasks: int = 1, seed: int = 0) -> list[Labelled]:
+    """The labelled set: built-in suites, plus BFCL and tau2 when `external` and installed."""
+    tasks = builtin_tasks(per_suite, seed)
+    if external:
+        tasks += external_tasks(per_suite, tau2_tasks)
+    return [ex for task in tasks for ex in labelled_episodes(task, task.suite)]
