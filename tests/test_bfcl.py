@@ -1,0 +1,199 @@
+"""BFCL suite against the data shipped in bfcl-eval, and against BFCL's own checkers."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import sys
+import types
+
+import pytest
+
+from dataengine.external import MissingPackageError, package_dir
+
+HAS_BFCL = importlib.util.find_spec("bfcl_eval") is not None
+external = [pytest.mark.external, pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")]
+
+
+def test_missing_package_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MissingPackageError, match=r"'bfcl-eval' is not installed; install it with: pip install --no-deps bfcl-eval"):
+        package_dir("bfcl_eval", "bfcl-eval", "pip install --no-deps bfcl-eval==2026.3.23")
+
+
+@pytest.fixture(scope="module")
+def bfcl():
+    from dataengine.external import bfcl as module
+
+    return module
+
+
+def _bfcl_ast_checker():
+    """BFCL's own ast_checker. Its module imports every model handler (anthropic, openai, ...)
+    only to read a name-mangling flag, so that one constants module is replaced by a plain table."""
+    name = "bfcl_eval.constants.model_config"
+    if name not in sys.modules:
+        fake = types.ModuleType(name)
+        fake.MODEL_CONFIG_MAPPING = collections.defaultdict(lambda: types.SimpleNamespace(underscore_to_dot=False))
+        sys.modules[name] = fake
+    from bfcl_eval.constants.enums import Language
+    from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
+
+    return lambda functions, output, answer, category: ast_checker(functions, output, answer, Language.PYTHON, category, "dataengine")["valid"]
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_unknown_category_lists_choices(bfcl):
+    with pytest.raises(ValueError, match="unknown BFCL category 'simpl'.*simple_python"):
+        bfcl.load_tasks("simpl")
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+@pytest.mark.parametrize("category", ["simple_python", "multiple", "parallel", "parallel_multiple", "live_simple",
+                                      "live_multiple", "live_parallel", "live_parallel_multiple", "irrelevance", "live_irrelevance"])
+def test_gold_answers_pass(bfcl, category):
+    tasks = bfcl.load_tasks(category)
+    assert tasks and all(t.split == "heldout" and t.toolbox == f"bfcl:{category}" for t in tasks)
+    results = {r["id"]: r for r in bfcl.verify_predictions(category, [bfcl.gold_prediction(t) for t in tasks])}
+    for t in tasks:
+        bad = t.metadata.get("bfcl_gold_unsatisfiable")
+        # a handful of shipped answers contradict their own schema: no call can pass them
+        assert results[t.metadata["bfcl_id"]]["valid"] is (bad is None), (t.id, bad, results[t.metadata["bfcl_id"]])
+    assert sum("bfcl_gold_unsatisfiable" in t.metadata for t in tasks) <= 0.01 * len(tasks)
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_relevance_needs_a_call(bfcl):
+    task = bfcl.load_tasks("live_relevance", limit=1)[0]
+    any_call = {"id": task.metadata["bfcl_id"], "calls": [{"name": task.tools[0].name, "arguments": {}}]}
+    none = {"id": task.metadata["bfcl_id"], "calls": []}
+    assert [r["valid"] for r in bfcl.verify_predictions("live_relevance", [any_call, none])] == [True, False]
+    irrelevant = bfcl.load_tasks("irrelevance", limit=1)[0]
+    called = {"id": irrelevant.metadata["bfcl_id"], "calls": [{"name": irrelevant.tools[0].name, "arguments": {}}]}
+    assert [r["valid"] for r in bfcl.verify_predictions("irrelevance", [called])] == [False]
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_perturbations_get_the_right_verdict_and_agree_with_bfcl(bfcl):
+    from dataengine.verifiers import check_calls, gold_acceptable
+    from dataengine.verifiers.perturb import perturb_calls
+
+    bfcl_valid = _bfcl_ast_checker()
+    kinds = collections.Counter()
+    for category in bfcl.AST_CATEGORIES:
+        entries = {e["id"]: e for e in bfcl._entries(category)}
+        answers = bfcl._answers(category)
+        for task in bfcl.load_tasks(category):
+            if "bfcl_gold_unsatisfiable" in task.metadata:
+                continue
+            entry = entries[task.metadata["bfcl_id"]]
+            schemas = {s.name: s.parameters for s in task.tools}
+            for p in perturb_calls(task.gold.calls, task.tools, task.gold.acceptable):
+                ours, _ = check_calls(schemas, p.calls, gold_acceptable(task))
+                theirs = bfcl_valid(entry["function"], [{c.name: dict(c.arguments)} for c in p.calls], answers[entry["id"]], category)
+                assert ours.valid == theirs, (task.id, p.kind, ours, p.calls)
+                # BFCL's greedy parallel matching can reject a reordering; we follow BFCL there
+                if p.kind != "reordered":
+                    assert ours.valid == p.valid, (task.id, p.kind, ours)
+                kinds[p.kind] += 1
+    assert set(kinds) == {"wrong_name", "extra_parameter", "drop_required", "wrong_type", "changed_value", "extra_call", "reordered"}
+    assert min(kinds.values()) >= 300
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_multi_turn_state_matches_bfcl_execution(bfcl):
+    """Our JSON tool state after the gold calls equals BFCL's own instances after its own executor."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+
+    entries = {e["id"]: e for e in bfcl._entries("multi_turn_base")}
+    answers = bfcl._answers("multi_turn_base")
+    for task in bfcl.load_tasks("multi_turn_base", limit=12):
+        entry = entries[task.metadata["bfcl_id"]]
+        instances = {}
+        for turn in answers[entry["id"]]:
+            _, instances = execute_multi_turn_func_call(
+                turn, entry["initial_config"], entry["involved_classes"], "dataengine_test", entry["id"]
+            )
+        ours = bfcl.run_calls(task, list(task.gold.calls))
+        assert ours["world"] == bfcl.world(instances), task.id
+        assert len(ours["log"]) == len(task.gold.calls)
+        json.dumps(ours)  # the sandbox ships it as JSON
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_multi_turn_end_state_verdicts(bfcl):
+    task = bfcl.load_tasks("multi_turn_base", ids=["multi_turn_base_0"])[0]
+    names = [c.name for c in task.gold.calls]
+    assert names[:3] == ["cd", "mkdir", "mv"] and "grep" in names
+    gold = bfcl.gold_prediction(task)
+    drop_write = {**gold, "calls": [c for i, c in enumerate(gold["calls"]) if i != names.index("mkdir")]}
+    drop_read = {**gold, "calls": [c for i, c in enumerate(gold["calls"]) if i != names.index("grep")]}
+    wrong_value = {**gold, "calls": [dict(c) for c in gold["calls"]]}
+    wrong_value["calls"][1] = {"name": "mkdir", "arguments": {"dir_name": "tmp"}}
+    verdicts = [r["valid"] for r in bfcl.verify_predictions("multi_turn_base", [gold, drop_write, drop_read, wrong_value])]
+    # BFCL compares state, not call lists: dropping a read-only grep changes nothing
+    assert verdicts == [True, False, True, False]
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+@pytest.mark.parametrize("category", ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"])
+def test_multi_turn_tasks_load_and_gold_passes(bfcl, category):
+    tasks = bfcl.load_tasks(category, limit=15)
+    for t in tasks:
+        assert t.metadata["state_view_key"] == "world" and t.initial_state["log"] == []
+        offered = {s.name for s in t.tools}
+        assert not offered & set(sum(t.metadata["missed_function"].values(), []))
+    assert all(r["valid"] for r in bfcl.verify_predictions(category, [bfcl.gold_prediction(t) for t in tasks]))
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_toolboxes_resolve_through_the_registry(bfcl):
+    from dataengine.tools.registry import get_toolbox
+    from dataengine.verifiers import CompositeReward
+    from dataengine.verifiers.report import execute
+    from dataengine.types import Action
+
+    ast_box = get_toolbox("bfcl:simple_python")
+    assert ast_box.tools["math.factorial"].fn(number=5) == {"name": "math.factorial", "arguments": {"number": 5}, "executed": False}
+    box = get_toolbox("bfcl:multi_turn_base")
+    assert box.tools["cd"].stateful and box.tools["mkdir"].stateful
+    task = bfcl.load_tasks("multi_turn_base", limit=1)[0]
+    actions = [Action(text=c.name, tool_calls=[c]) for c in task.gold.calls] + [Action(text="Done.", final_answer="Done.")]
+    result = CompositeReward().score(execute(task, actions))
+    assert result.success and {v.name: v.passed for v in result.verdicts}["end_state"] is True
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_cli_verify_bfcl(tmp_path, bfcl):
+    from typer.testing import CliRunner
+
+    from dataengine.cli import app
+
+    task = bfcl.load_tasks("parallel", limit=1)[0]
+    gold = bfcl.gold_prediction(task)
+    reordered = {**gold, "calls": gold["calls"][::-1]}
+    extra = {**gold, "calls": gold["calls"] + gold["calls"][:1]}
+    preds = tmp_path / "p.jsonl"
+    preds.write_text("\n".join(json.dumps(x) for x in [gold, reordered, extra, {"id": "nope", "calls": []}]) + "\n")
+    out = tmp_path / "out" / "r.jsonl"
+    result = CliRunner().invoke(app, ["verify", "bfcl", "--category", "parallel", "--predictions", str(preds), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["valid"] for r in rows] == [True, True, False, False]
+    assert "wrong number of calls" in rows[2]["reason"] and "unknown id" in rows[3]["reason"]
+    summary = json.loads(result.output.strip().splitlines()[-1])["summary"]
+    assert summary["valid"] == 2 and summary["unknown_ids"] == 1 and summary["missing_tasks"] == summary["tasks"] - 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "parallel_0"}\nnot json\n')
+    result = CliRunner(env={"COLUMNS": "500"}).invoke(app, ["verify", "bfcl", "--category", "parallel", "--predictions", str(bad)])
+    assert result.exit_code != 0 and "bad.jsonl:2: not valid JSON" in result.output
