@@ -1,0 +1,125 @@
+"""`dataengine generate`: search (or sample) tool-use episodes and write the trees to the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("generate")
+    def generate_command(
+        suite: Annotated[list[str] | None, typer.Option("--suite", help="Suite name (repeat for several); default: config.suites.")] = None,
+        tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="Tasks per suite (config.num_tasks).")] = None,
+        task_file: Annotated[Path | None, typer.Option("--task-file", help="Search the tasks of a .jsonl/.parquet task file instead of generating a suite.")] = None,
+        model: Annotated[str | None, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder (config.policy.model).")] = None,
+        sims: Annotated[int | None, typer.Option("--sims", min=1, help="Simulations per tree (config.search.num_simulations).")] = None,
+        k: Annotated[int | None, typer.Option("--k", min=1, help="Candidate actions sampled per expansion (config.search.num_actions).")] = None,
+        out: Annotated[str | None, typer.Option("--out", help="Store folder (config.store).")] = None,
+        config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file (.yaml/.toml); flags override it.")] = None,
+        method: Annotated[str, typer.Option("--method", help="mcts | best_of_n | greedy.")] = "mcts",
+        split: Annotated[str | None, typer.Option("--split", help="train | heldout (config.split).")] = None,
+        seed: Annotated[int | None, typer.Option("--seed", help="Seed of tasks, sampling and search (config.seed).")] = None,
+        run_id: Annotated[str | None, typer.Option("--run-id", help="Run id; a rerun with the same id skips committed shards. Default: a hash of config, method and tasks.")] = None,
+        algorithm: Annotated[str | None, typer.Option("--algorithm", help="puct | uct | gumbel (config.search.algorithm).")] = None,
+        value: Annotated[str | None, typer.Option("--value", help="Leaf value: rollout | critic | value_model | zero (config.search.value).")] = None,
+        critic_mix: Annotated[float | None, typer.Option("--critic-mix", help="a in a*V + (1-a)*critic (1 = no critic).")] = None,
+        max_depth: Annotated[int | None, typer.Option("--max-depth", min=1, help="Deepest node (assistant turns).")] = None,
+        max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Generated-token budget per task.")] = None,
+        max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1, help="Tokens per action at most.")] = None,
+        leaves: Annotated[int | None, typer.Option("--leaves", min=1, help="Leaves per tree per iteration (L).")] = None,
+        trees: Annotated[int | None, typer.Option("--trees", min=1, help="Trees searched together (B).")] = None,
+        shard_size: Annotated[int | None, typer.Option("--shard-size", min=1, help="Tasks per shard (unit of commit and resume).")] = None,
+        n: Annotated[int | None, typer.Option("--n", min=1, help="best_of_n: episodes per task (default: --sims).")] = None,
+        rollouts: Annotated[int, typer.Option("--rollouts", min=1, help="Rollouts per leaf for --value rollout.")] = 2,
+        value_model: Annotated[Path | None, typer.Option("--value-model", help="Fitted value head (ValueModel.save) for --value value_model.")] = None,
+        device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda (config.policy.device).")] = None,
+        progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+    ) -> None:
+        """Search tool-use episodes (MCTS) or sample them (best_of_n, greedy); write trees,
+        trajectories and lineage to the store, shard by shard (resumable)."""
+        import json
+
+        from rich.console import Console
+
+        from dataengine.config import ConfigError, load_config
+        from dataengine.search.run import METHODS, generate
+
+        if method not in METHODS:
+            raise typer.BadParameter(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param_hint="--method")
+        if value_model is not None and not value_model.is_file():
+            raise typer.BadParameter(f"value head file {value_model} does not exist", param_hint="--value-model")
+        try:
+            cfg = load_config(
+                config,
+                store=out,
+                seed=seed,
+                suites=list(suite) if suite else None,
+                num_tasks=tasks,
+                split=split,
+                shard_size=shard_size,
+                policy__model=model,
+                policy__device=device,
+                policy__max_new_tokens=max_new_tokens,
+                search__num_simulations=sims,
+                search__num_actions=k,
+                search__algorithm=algorithm,
+                search__value=value,
+                search__critic_mix=critic_mix,
+                search__max_depth=max_depth,
+                search__max_generated_tokens=max_tokens,
+                search__leaves_per_iteration=leaves,
+                search__trees_per_batch=trees,
+            )
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=2) from None
+        task_list = None
+        if task_file is not None:
+            from dataengine.suites import TaskFileError, load_tasks
+
+            try:
+                task_list = load_tasks(task_file)
+            except (TaskFileError, FileNotFoundError) as exc:
+                raise typer.BadParameter(str(exc), param_hint="--task-file") from None
+            task_list = [t for t in task_list if t.split == cfg.split][: cfg.num_tasks if tasks else None]
+            if not task_list:
+                raise typer.BadParameter(f"{task_file} holds no {cfg.split} tasks", param_hint="--task-file")
+        if cfg.policy.model not in ("smollm2", "tiny") and not (Path(cfg.policy.model) / "config.json").is_file():
+            raise typer.BadParameter(
+                f"model {cfg.policy.model!r} is not 'smollm2', 'tiny' or a folder with a config.json", param_hint="--model"
+            )
+        head = None
+        if cfg.search.value == "value_model":
+            if value_model is None:
+                raise typer.BadParameter("--value value_model needs --value-model FILE", param_hint="--value-model")
+            from dataengine.search.run import make_policy_from_config
+            from dataengine.values import ValueModel
+
+            policy = make_policy_from_config(cfg)
+            head = ValueModel(policy.model, policy.tokenizer).load(value_model)  # type: ignore[attr-defined]
+        else:
+            policy = None
+        summary = generate(
+            cfg,
+            method=method,  # type: ignore[arg-type]
+            tasks=task_list,
+            run_id=run_id,
+            policy=policy,
+            n=n,
+            rollouts=rollouts,
+            value_model=head,
+            progress=progress,
+        )
+        console = Console()
+        if summary.shards_written == 0:
+            console.print(f"run {summary.run_id}: all {summary.shards_skipped} shard(s) already committed in {summary.store}; nothing to do")
+            return
+        console.print(json.dumps(summary.as_dict(), indent=1))
+        console.print(
+            f"run {summary.run_id}: {summary.trees} trees, {summary.successes} successful trajectories "
+            f"({summary.solved} tasks solved), {summary.generated_tokens} generated tokens, "
+            f"{summary.seconds:.1f} s ({summary.model_seconds:.1f} s in the model) -> {summary.store}"
+        )
