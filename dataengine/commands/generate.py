@@ -49,6 +49,11 @@ def register(app: typer.Typer) -> None:
 
         if method not in METHODS:
             raise typer.BadParameter(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param_hint="--method")
+        from dataengine.suites import SUITE_MODULES
+
+        for name in suite or ():
+            if name not in SUITE_MODULES:
+                raise typer.BadParameter(f"unknown suite {name!r}; known: {', '.join(SUITE_MODULES)}", param_hint="--suite")
         if value_model is not None and not value_model.is_file():
             raise typer.BadParameter(f"value head file {value_model} does not exist", param_hint="--value-model")
         try:

@@ -1,0 +1,140 @@
+"""Generation runs with the tiny model: store rows per shard, lineage, resume, baselines with
+budget accounting, and the `dataengine generate` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dataengine.cli import app
+from dataengine.config import load_config
+from dataengine.env import ToolEnv
+from dataengine.policy import make_policy
+from dataengine.search import TokenBudget, generate, make_reward, play_episodes, shards
+from dataengine.suites import generate_suite
+from dataengine.tools.sandbox import Sandbox
+from storage import Store
+
+
+@pytest.fixture(scope="module")
+def env():
+    with Sandbox(workers=1, preload=["arithmetic"]) as sandbox:
+        yield ToolEnv(sandbox, max_steps=6)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_policy("hf", "tiny")
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return generate_suite("arithmetic", n_train=4, n_heldout=0, seed=0)
+
+
+def config(store, **overrides):
+    base = dict(
+        store=str(store),
+        shard_size=2,
+        policy__model="tiny",
+        policy__device="cpu",
+        policy__max_new_tokens=6,
+        search__num_simulations=3,
+        search__num_actions=2,
+        search__value="zero",
+        search__trees_per_batch=2,
+        search__max_generated_tokens=10_000,
+    )
+    base.update(overrides)
+    return load_config(None, **base)
+
+
+def test_shards_name_task_ranges(tasks):
+    assert [sid for sid, _ in shards(tasks, 3)] == ["tasks-000000-000002", "tasks-000003-000003"]
+    with pytest.raises(ValueError, match="shard_size"):
+        shards(tasks, 0)
+
+
+def test_generate_writes_trees_lineage_and_resumes(tmp_path, env, tiny, tasks):
+    cfg = config(tmp_path / "store")
+    first = generate(cfg, tasks=tasks[:2], run_id="r1", policy=tiny, env=env, progress=False)
+    assert first.shards_written == 1 and first.trees == 2
+    store = Store(tmp_path / "store")
+    assert store.committed_shards("tasks", "r1") == {"tasks-000000-000001"}
+    # A rerun over all four tasks searches only the shard that is not committed.
+    sequences = tiny.stats.sequences
+    second = generate(cfg, tasks=tasks, run_id="r1", policy=tiny, env=env, progress=False)
+    assert second.shards_skipped == 1 and second.shards_written == 1 and second.trees == 2
+    assert tiny.stats.sequences - sequences == 2 * 2  # two roots x K=2, nothing for the skipped shard
+    third = generate(cfg, tasks=tasks, run_id="r1", policy=tiny, env=env, progress=False)
+    assert third.shards_written == 0 and third.shards_skipped == 2
+
+    nodes = store.nodes().collect()
+    trajs = store.trajectories().collect()
+    assert set(nodes["tree_id"]) == {t.id for t in tasks}
+    assert nodes.filter(nodes["node_id"] == 0).height == 4
+    assert (trajs["source"] == "mcts").all() and trajs.height == nodes["terminal"].sum()
+    assert first.nodes + second.nodes == nodes.height
+    run = store.runs().collect().to_dicts()[0]
+    assert run["kind"] == "generate" and run["model_id"] == tiny.model_id and run["seed"] == 0
+    assert json.loads(run["config_json"])["engine"]["search"]["num_simulations"] == 3
+    assert "final_answer" in json.loads(run["verifier_versions_json"])
+    assert store.tasks().collect().height == 4
+
+
+def test_best_of_n_and_greedy_charge_the_budget(env, tiny, tasks):
+    cfg = config("unused")
+    reward = make_reward(cfg, env)
+    budget = TokenBudget.for_tasks(2, 10_000)
+    before = tiny.stats.generated_tokens
+    common = dict(policy=tiny, env=env, reward=reward, max_steps=3, max_new_tokens=6, top_p=1.0, seed=0)
+    eps = play_episodes(tasks[:2], n=3, wave=2, temperature=1.0, budget=budget, **common)
+    assert [(e.task_index, e.number) for e in eps] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    # Waves of 2 then 1 episode per task: every sampled token is charged.
+    assert budget.total == tiny.stats.generated_tokens - before
+    assert sum(e.tokens for e in eps) <= budget.total
+    for e in eps:
+        assert e.state.terminal and e.reward == pytest.approx(reward.score(e.state.episode()).reward)
+
+    # A budget smaller than one wave: one wave, then the task stops.
+    small = TokenBudget.for_tasks(1, 3)
+    eps = play_episodes(tasks[:1], n=8, wave=2, temperature=1.0, budget=small, **common)
+    assert len(eps) == 2
+
+    g1 = play_episodes(tasks[:2], n=1, wave=1, temperature=0.0, budget=TokenBudget.for_tasks(2, 100), **common)
+    g2 = play_episodes(tasks[:2], n=1, wave=1, temperature=0.0, budget=TokenBudget.for_tasks(2, 100), **common)
+    assert [e.state.messages for e in g1] == [e.state.messages for e in g2]
+
+
+def test_generate_baselines_write_sources(tmp_path, env, tiny, tasks):
+    cfg = config(tmp_path / "store")
+    bon = generate(cfg, method="best_of_n", n=2, tasks=tasks[:2], policy=tiny, env=env, progress=False)
+    greedy = generate(cfg, method="greedy", tasks=tasks[:2], policy=tiny, env=env, progress=False)
+    assert bon.run_id != greedy.run_id and bon.simulations == 0 and bon.trajectories == 4 and greedy.trajectories == 2
+    trajs = Store(tmp_path / "store").trajectories().collect()
+    assert sorted(set(trajs["source"])) == ["best_of_n", "greedy"]
+    assert (trajs["num_generated_tokens"] > 0).all()
+    with pytest.raises(ValueError, match="unknown method"):
+        generate(cfg, method="beam", tasks=tasks[:1], policy=tiny, env=env, store=False, progress=False)
+
+
+def test_cli_generate(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "store"
+    args = ["generate", "--suite", "arithmetic", "--tasks", "2", "--model", "tiny", "--sims", "2", "--k", "2",
+            "--out", str(out), "--value", "zero", "--max-new-tokens", "4", "--device", "cpu", "--no-progress",
+            "--run-id", "cli-1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "cli-1" in result.output and Store(out).committed_shards("tasks", "cli-1")
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "already committed" in again.output
+
+    bad = runner.invoke(app, ["generate", "--method", "beam", "--out", str(out)])
+    assert bad.exit_code != 0 and "unknown method" in bad.output
+    bad = runner.invoke(app, ["generate", "--suite", "nosuch", "--out", str(out), "--model", "tiny"])
+    assert bad.exit_code != 0 and "unknown suite" in bad.output
+    bad = runner.invoke(app, ["generate", "--value", "oracle", "--out", str(out)])
+    assert bad.exit_code != 0 and "search.value" in bad.output
