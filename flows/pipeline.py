@@ -1,0 +1,138 @@
+"""The pipeline flow: N rounds of generate -> derive -> export -> train -> evaluate, each round
+searching with the checkpoint the last round trained (rStar-style self-evolution).
+
+Run ids: `<run>/r0/eval` evaluates the starting model; round r writes its trees to `<run>/r<r>`
+(and derives its datasets into the same run), trains checkpoints `<out>/checkpoints/r<r>-<kind>`,
+and evaluates the last of them as `<run>/r<r>/eval`. Every step skips work already done (shards
+in the store, checkpoints on disk, evaluated shards), so rerunning a pipeline resumes it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from pydantic import Field
+
+from dataengine.config import EngineConfig, Section
+from flows.datasets import DERIVED, derive_flow, export_flow
+from flows.evaluate import evaluate_flow
+from flows.generate import generate_flow
+from flows.runtime import RuntimeConfig, artifact_key, make_task_runner
+from flows.train import DATASET, TrainSettings, train_dpo_flow, train_grpo_flow, train_sft_flow
+
+TRAIN_FLOWS = {"dpo": train_dpo_flow, "sft": train_sft_flow, "grpo": train_grpo_flow}
+
+
+class PipelineConfig(Section):
+    """A whole self-improvement run: the engine config, rounds, trainers, evaluation size."""
+
+    run_id: str = Field("pipeline", min_length=1, description="run id prefix of every run the pipeline writes")
+    rounds: int = Field(1, ge=1, description="generate -> derive -> train -> evaluate rounds")
+    method: Literal["mcts", "best_of_n", "greedy"] = Field("mcts", description="how each round generates data")
+    trainers: list[Literal["dpo", "sft", "grpo"]] = Field(
+        default_factory=lambda: ["dpo"], description="trainers run in order each round, each from the last checkpoint"
+    )
+    derive: list[Literal["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]] = Field(
+        default_factory=lambda: list(DERIVED), description="datasets derived from each round's trees"
+    )
+    eval_tasks: int = Field(8, ge=1, description="held-out tasks per suite in each evaluation")
+    eval_k: int = Field(0, ge=0, description="pass@k of the evaluations (0: greedy only)")
+    out_dir: str = Field("runs/pipeline", description="folder for exported datasets and checkpoints")
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+
+def round_run(run_id: str, r: int) -> str:
+    return f"{run_id}/r{r}"
+
+
+def eval_run(run_id: str, r: int) -> str:
+    return f"{run_id}/r{r}/eval"
+
+
+def with_model(engine: EngineConfig, model: str, seed: int | None = None) -> EngineConfig:
+    data = engine.model_dump()
+    data["policy"]["model"] = model
+    if seed is not None:
+        data["seed"] = seed
+    return EngineConfig.model_validate(data)
+
+
+def greedy(results: list[dict[str, Any]]) -> dict[str, tuple[float, float, float]]:
+    """suite -> greedy_success (value, ci_low, ci_high) of an evaluate flow's results."""
+    return {r["suite"]: tuple(r["metrics"]["greedy_success"]) for r in results if "greedy_success" in r["metrics"]}
+
+
+def success_table(evals: list[tuple[int, str, dict[str, tuple[float, float, float]]]]) -> str:
+    """Markdown: one row per suite, one column per evaluated round (greedy success [95% CI])."""
+    suites = sorted({s for _, _, g in evals for s in g})
+    head = "| suite | " + " | ".join(f"round {r} ({Path(m).name if '/' in m else m})" for r, m, _ in evals) + " |"
+    lines = [head, "|" + "---|" * (len(evals) + 1)]
+    for s in suites:
+        cells = []
+        for _, _, g in evals:
+            v = g.get(s)
+            cells.append(f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" if v and v[1] is not None else (f"{v[0]:.2f}" if v else ""))
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@flow(name="pipeline", flow_run_name="pipeline {config.run_id}", log_prints=True)
+def pipeline_flow(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
+    """Rounds of generate -> derive -> export -> train -> evaluate (module docstring); returns
+    {run_id, store, rounds: [...], evals: [(round, model, {suite: greedy})], model, seconds}."""
+    from storage import Store
+
+    start = time.perf_counter()
+    rt = config.runtime
+    engine = config.engine
+    store = engine.store
+    out = Path(config.out_dir)
+    Store(store).record_run(config.run_id, kind="pipeline", config=config.model_dump(mode="json"), seed=engine.seed)
+
+    def evaluate(model: str, r: int) -> list[dict[str, Any]]:
+        return evaluate_flow.with_options(task_runner=make_task_runner(rt))(
+            config=with_model(engine, model), num_tasks=config.eval_tasks, run_id=eval_run(config.run_id, r),
+            k=config.eval_k, runtime=rt)
+
+    model = engine.policy.model
+    evals = [(0, model, greedy(evaluate(model, 0)))]
+    rounds = []
+    for r in range(1, config.rounds + 1):
+        run = round_run(config.run_id, r)
+        gen = generate_flow.with_options(task_runner=make_task_runner(rt))(
+            config=with_model(engine, model, seed=engine.seed + r - 1), method=config.method, run_id=run, runtime=rt)
+        derived = derive_flow(store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=engine.derive)
+        exported = export_flow(store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run])
+        checkpoints = []
+        for kind in config.trainers:
+            data = exported.get(DATASET[kind][1], {})
+            if not data.get("rows"):
+                print(f"round {r}: no {DATASET[kind][1]} rows for {kind}; {kind} skipped")
+                continue
+            info = TRAIN_FLOWS[kind](data=data["path"], init=model, out_dir=str(out / "checkpoints" / f"r{r}-{kind}"),
+                                     store=store, run_id=run, settings=config.train,
+                                     accelerator_slots=rt.accelerator_slots)
+            checkpoints.append({k: info[k] for k in ("model_id", "parent_id", "path", "kind", "resumed")})
+            model = info["path"]
+        evals.append((r, model, greedy(evaluate(model, r))))
+        rounds.append({"round": r, "run_id": run, "generate": gen, "derived": derived, "exported": exported,
+                       "checkpoints": checkpoints})
+    table = success_table(evals)
+    create_markdown_artifact(
+        key=artifact_key("pipeline", config.run_id),
+        markdown=f"# pipeline `{config.run_id}`\n\nstore: `{store}`; final model: `{model}`\n\n"
+                 f"Greedy success on held-out tasks (95% Wilson interval):\n\n{table}",
+    )
+    return {"run_id": config.run_id, "store": store, "out_dir": str(out), "rounds": rounds, "evals": evals,
+            "model": model, "table": table, "seconds": time.perf_counter() - start}
+
+
+def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
+    """Run the pipeline flow (on the embedded ephemeral API unless PREFECT_API_URL is set)."""
+    return pipeline_flow(config=config)

@@ -1,0 +1,206 @@
+"""How flows run: the task runner (threads or Ray), retries of transient errors with backoff,
+the accelerator concurrency limit, and the per-process policy and sandbox a worker reuses.
+
+Embedded default: no PREFECT_API_URL set, so Prefect starts its local ephemeral API on first use
+(a SQLite database under PREFECT_HOME); nothing is started by hand. Point PREFECT_API_URL at a
+`prefect server start` to see the same runs in a long-lived UI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Literal
+
+from pydantic import Field
+
+from dataengine.config import Section
+
+# Global concurrency limit held while a task uses the model (GPU, or the CPU cores on a laptop).
+ACCELERATOR = "dataengine-accelerator"
+
+
+class RuntimeConfig(Section):
+    """Where and how the tasks of a flow run."""
+
+    task_runner: Literal["thread", "ray"] = Field("thread", description="run shards in threads here, or on Ray")
+    workers: int = Field(2, ge=1, description="threads of the thread runner")
+    ray_address: str | None = Field(
+        None, description="Ray cluster address ('auto', 'ray://host:10001'); None starts a local Ray"
+    )
+    ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray instance (None: all)")
+    gpus_per_shard: float = Field(0.0, ge=0, description="GPUs a shard task asks Ray for (one backend per GPU worker)")
+    accelerator_slots: int = Field(1, ge=1, description="shard tasks using the model at the same time")
+    retries: int = Field(2, ge=0, description="retries of a shard after a transient error")
+    retry_delay_s: float = Field(2.0, ge=0, description="first retry delay; doubles each retry (jittered)")
+
+
+def transient(exc: BaseException | None) -> bool:
+    """Whether an error is worth retrying: lost store commit races, timeouts, broken
+    connections or workers, and GPU out-of-memory; never bad input (ValueError, KeyError, ...)."""
+    from storage import RetryableStoreError
+
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, (RetryableStoreError, TimeoutError, ConnectionError, BrokenPipeError, EOFError)):
+            return True
+        if type(exc).__name__ in ("OutOfMemoryError", "RayActorError", "WorkerCrashedError", "ObjectLostError"):
+            return True
+        exc = exc.__cause__ or getattr(exc, "cause", None)
+        seen += 1
+    return False
+
+
+def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect retry_condition_fn: retry the failed task run only when its error is transient."""
+    try:
+        state.result(raise_on_failure=True)
+    except BaseException as exc:  # noqa: BLE001 - the state holds whatever the task raised
+        return transient(exc)
+    return False
+
+
+def backoff(runtime: RuntimeConfig) -> list[float]:
+    """Retry delays: retry_delay_s, then doubling (Prefect adds jitter)."""
+    return [runtime.retry_delay_s * 2**i for i in range(runtime.retries)]
+
+
+def shard_options(runtime: RuntimeConfig) -> dict[str, Any]:
+    """Task options of a shard task: retries with exponential backoff on transient errors."""
+    return dict(
+        retries=runtime.retries,
+        retry_delay_seconds=backoff(runtime) or 0,
+        retry_jitter_factor=0.2,
+        retry_condition_fn=retry_if_transient,
+    )
+
+
+def make_task_runner(runtime: RuntimeConfig) -> Any:
+    """ThreadPoolTaskRunner, or prefect-ray's RayTaskRunner (a local Ray when no address)."""
+    if runtime.task_runner == "thread":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=runtime.workers)
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError as exc:
+        raise RuntimeError("task_runner 'ray' needs the distributed extra: pip install 'dataengine[distributed]'") from exc
+    init: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if runtime.ray_address is None and runtime.ray_num_cpus is not None:
+        init["num_cpus"] = runtime.ray_num_cpus
+    # Workers import dataengine/flows/storage from the repository, like the driver does.
+    init["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH")) if p),
+                                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}}
+    return RayTaskRunner(address=runtime.ray_address, init_kwargs=init)
+
+
+def ray_options(runtime: RuntimeConfig) -> dict[str, Any]:
+    """Ray resources of one shard task (a GPU each, so each GPU worker holds one backend)."""
+    return {"num_gpus": runtime.gpus_per_shard} if runtime.gpus_per_shard else {}
+
+
+def _repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------- accelerator limit
+
+
+def ensure_accelerator_limit(slots: int) -> None:
+    """Create (or resize) the global concurrency limit ACCELERATOR on the current Prefect API."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(ACCELERATOR, slots)
+
+
+@contextmanager
+def accelerator_slot() -> Iterator[None]:
+    """Hold one ACCELERATOR slot (waits while all are taken). Outside a Prefect run: no-op."""
+    from prefect.context import get_run_context
+
+    try:
+        get_run_context()
+    except Exception:  # noqa: BLE001 - MissingContextError: called as a plain function
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    with concurrency(ACCELERATOR, occupy=1, strict=False):
+        yield
+
+
+# ---------------------------------------------------------------------------- per-process resources
+
+_lock = threading.Lock()
+_policies: dict[str, Any] = {}
+_sandboxes: dict[str, Any] = {}
+
+
+def policy_for(config: Any) -> Any:
+    """The policy of an EngineConfig's `policy` section, loaded once per process (each thread
+    runner process or Ray worker holds one backend and reuses it for every shard)."""
+    from dataengine.search import make_policy_from_config
+
+    key = config.policy.model_dump_json()
+    with _lock:
+        if key not in _policies:
+            # One backend per process: a pipeline round's new checkpoint replaces the last one.
+            _policies.clear()
+            _policies[key] = make_policy_from_config(config)
+        return _policies[key]
+
+
+def env_for(config: Any, toolboxes: list[str]) -> Any:
+    """A ToolEnv over a Sandbox of `config.sandbox`, one Sandbox per process (closed at exit)."""
+    from dataengine.env import ToolEnv
+    from dataengine.tools.sandbox import Sandbox
+
+    key = config.sandbox.model_dump_json() + "|" + ",".join(sorted(toolboxes))
+    with _lock:
+        if key not in _sandboxes:
+            sb = config.sandbox
+            sandbox = Sandbox(workers=sb.workers, timeout_s=sb.timeout_s, memory_mb=sb.memory_mb, cpu_s=sb.cpu_s,
+                              max_output_bytes=sb.max_output_bytes, preload=sorted(toolboxes))
+            atexit.register(sandbox.close)
+            _sandboxes[key] = sandbox
+        return ToolEnv(_sandboxes[key], max_steps=config.env.max_steps)
+
+
+def release_resources() -> None:
+    """Drop cached policies and close cached sandboxes (tests, or after a pipeline)."""
+    with _lock:
+        for sandbox in _sandboxes.values():
+            sandbox.close()
+        _sandboxes.clear()
+        _policies.clear()
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes) from free-form parts."""
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:100] or "dataengine"
+
+
+@contextmanager
+def private_prefect_home(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Run flows against a private ephemeral API whose database lives under `path` (tests,
+    throwaway demos); the temporary server started inside is stopped on exit."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import (
+        PREFECT_HOME,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    os.makedirs(path, exist_ok=True)
+    with temporary_settings({PREFECT_HOME: str(path), PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 180}):
+        try:
+            yield
+        finally:
+            for server in list(SubprocessASGIServer._instances.values()):
+                server.stop()
