@@ -14,7 +14,8 @@ import unicodedata
 from dataengine.types import Episode, Verdict
 from dataengine.verifiers.base import not_applicable, verdict
 
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# a digit is required (an all-optional pattern matches the empty string at every position)
+_NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
 _PUNCT = re.compile(r"[^\w\s.\-+]")
 
 CONFIDENCE = {"exact": 1.0, "numeric": 0.95, "contained": 0.7, "miss": 0.9, "miss_numeric": 1.0}
@@ -33,8 +34,6 @@ def numbers_in(text: str) -> list[float]:
     out = []
     for m in _NUMBER.finditer(text):
         s = m.group(0)
-        if not s or not any(ch.isdigit() for ch in s):
-            continue
         try:
             out.append(float(s.replace(",", "")))
         except ValueError:
