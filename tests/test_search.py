@@ -8,8 +8,9 @@ the tiny model run the real sampling path end to end.
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -78,15 +79,15 @@ def tasks():
 
 
 def config(**overrides):
-    base = dict(
-        policy__model="tiny",
-        policy__device="cpu",
-        policy__max_new_tokens=8,
-        search__num_simulations=4,
-        search__num_actions=3,
-        search__value="zero",
-        search__max_generated_tokens=10_000,
-    )
+    base = {
+        'policy__model': "tiny",
+        'policy__device': "cpu",
+        'policy__max_new_tokens': 8,
+        'search__num_simulations': 4,
+        'search__num_actions': 3,
+        'search__value': "zero",
+        'search__max_generated_tokens': 10_000,
+    }
     base.update(overrides)
     return load_config(None, **base)
 
@@ -162,7 +163,7 @@ def test_scripted_tree_merges_steps_env_and_rewards(env):
     assert len(trajs) == sum(r["terminal"] for r in nodes)
     for t in trajs:
         ids = t["node_ids"]
-        assert ids[0] == 0 and all(by_id[c]["parent_id"] == p for p, c in zip(ids, ids[1:]))
+        assert ids[0] == 0 and all(by_id[c]["parent_id"] == p for p, c in itertools.pairwise(ids))
         assert t["reward"] == by_id[ids[-1]]["reward"]
     solved = [t for t in trajs if t["success"]]
     assert solved and solved[0]["num_steps"] == 2 and solved[0]["num_tool_calls"] == 1 and solved[0]["reward"] >= 1.0
@@ -200,7 +201,7 @@ def test_process_reward_is_capped(env, tasks):
     policy = ScriptedPolicy([[(call, -1.0)], [("3", -1.0)]])
     cfg = config(search__num_simulations=2, search__num_actions=1, search__process_reward_cap=0.05, search__max_depth=4)
     batch = search_batch(tasks[:1], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
-    step = [n for n in batch.table.nodes if n.depth == 1][0]
+    step = next(n for n in batch.table.nodes if n.depth == 1)
     assert not step.terminal and 0 < step.reward <= 0.05 / 4
     assert step.verdicts
 

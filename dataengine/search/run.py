@@ -33,6 +33,7 @@ from dataengine.types import Task, stable_hash
 from dataengine.verifiers.composite import CompositeReward, RewardWeights
 
 Method = Literal["mcts", "best_of_n", "greedy"]
+QNormalisation = Literal["reward_bounds", "parent_and_siblings"]
 METHODS = ("mcts", "best_of_n", "greedy")
 
 
@@ -143,6 +144,13 @@ def make_reward(config: EngineConfig, env: ToolEnv) -> CompositeReward:
 # ---------------------------------------------------------------------------- one batch
 
 
+def reward_bounds(reward: CompositeReward, process_reward_cap: float = 0.0) -> tuple[float, float]:
+    """(lowest, highest) return of a path: the syntax penalty cap to success plus all shaping,
+    widened by the process reward cap (a whole path adds at most the cap)."""
+    w = reward.weights
+    return w.syntax_penalty_cap - process_reward_cap, w.success + w.shaping_cap + process_reward_cap
+
+
 def search_batch(
     tasks: Sequence[Task],
     *,
@@ -155,8 +163,16 @@ def search_batch(
     rollouts: int = 2,
     value_model: Any = None,
     on_expand: Callable[[LLMExpander], None] | None = None,
+    q_normalisation: QNormalisation = "reward_bounds",
 ) -> SearchBatch:
-    """Search B = len(tasks) trees together with config.search (algorithm, budgets, values)."""
+    """Search B = len(tasks) trees together with config.search (algorithm, budgets, values).
+
+    q_normalisation (puct and uct): "reward_bounds" normalises Q by the fixed range the
+    composite reward can take (`reward_bounds`); "parent_and_siblings" is mctx's min-max by
+    the node's value and visited siblings, under which the first terminal whose reward beats
+    the parent's value maps to 1 and unvisited siblings to 0, so PUCT keeps revisiting it.
+    gumbel always uses its completed-Q transform.
+    """
     s = config.search
     expander = LLMExpander(
         policy,
@@ -177,6 +193,11 @@ def search_batch(
         "max_depth": s.max_depth,
         "leaves_per_iteration": s.leaves_per_iteration,
     }
+    if q_normalisation == "reward_bounds":
+        low, high = reward_bounds(reward, s.process_reward_cap)
+        common["qtransform"] = functools.partial(mcts.qtransform_by_min_max, min_value=low, max_value=high)
+    elif q_normalisation != "parent_and_siblings":
+        raise ValueError(f"q_normalisation must be 'reward_bounds' or 'parent_and_siblings', got {q_normalisation!r}")
     if s.algorithm == "puct":
         out = mcts.muzero_policy(
             root,
@@ -190,6 +211,7 @@ def search_batch(
     elif s.algorithm == "uct":
         out = mcts.uct_policy(root, expander, **common)
     else:
+        common.pop("qtransform", None)
         out = mcts.gumbel_muzero_policy(root, expander, max_num_considered_actions=s.num_actions, **common)
     return SearchBatch(list(tasks), expander.table, out.search_tree, expander.counters, expander.budget)
 
