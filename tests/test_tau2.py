@@ -91,7 +91,7 @@ def test_gold_replay_through_toolenv_scores_one_and_dropped_write_zero(tau2):
             assert bad.reward < reward.weights.shaping_cap + 1e-9
 
 
-@pytest.mark.parametrize("domain,ids", [("retail", ["0"]), ("airline", ["11"])])
+@pytest.mark.parametrize("domain,ids", [("retail", ["0"]), pytest.param("airline", ["11"], marks=pytest.mark.slow)])
 def test_gold_replay_scores_one_and_dropped_write_zero_in_process(tau2, domain, ids):
     from dataengine.types import Episode
     from dataengine.verifiers import EndStateVerifier, replay_in_process

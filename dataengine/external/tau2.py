@@ -133,13 +133,18 @@ def call_tool(domain: str, name: str, state: dict[str, Any], /, **arguments: Any
 
 def tool_specs(domain: str) -> list[ToolSpec]:
     """The domain's tools as the model sees them (tau2's own OpenAI schemas)."""
+    return list(_tool_specs(domain))
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_specs(domain: str) -> tuple[ToolSpec, ...]:
     db_cls, tools_cls = domain_classes(domain)
     kit = tools_cls(db_cls.model_validate_json(_initial_db_json(domain)))
     specs = []
     for name, tool in kit.get_tools().items():
         f = tool.openai_schema["function"]
         specs.append(ToolSpec(name=name, description=f.get("description", ""), parameters=f["parameters"]))
-    return specs
+    return tuple(specs)
 
 
 def toolbox_for(rest: str) -> Toolbox:
