@@ -267,3 +267,35 @@ def test_bad_value_kind_is_named(env, tiny):
     cfg.search.value = "value_model"
     with pytest.raises(ValueError, match="needs a fitted ValueModel"):
         LLMExpander(tiny, env, make_reward(cfg, env), cfg.search, cfg.policy)
+
+
+def test_reward_bounds_normalisation_spreads_puct_over_root_actions(env, tiny, tasks):
+    """The tiny model's replies are all wrong final answers (reward 0.1 from shaping). Under
+    mctx's min-max by parent and siblings the first one maps to Q~=1 and PUCT revisits it;
+    normalised by the reward's fixed bounds, PUCT tries the other root actions."""
+    cfg = config(search__num_simulations=6, search__num_actions=4, search__dirichlet_fraction=0.0)
+    reward = make_reward(cfg, env)
+    spread = search_batch(tasks[:1], policy=tiny, env=env, reward=reward, config=cfg, seed=0)
+    greedy = search_batch(
+        tasks[:1], policy=tiny, env=env, reward=reward, config=cfg, seed=0, q_normalisation="parent_and_siblings"
+    )
+    edges = len(spread.table[0].edges)
+    assert edges > 1
+    assert int(spread.tree.num_nodes[0]) == 1 + edges
+    assert int(greedy.tree.num_nodes[0]) == 2
+    with pytest.raises(ValueError, match="q_normalisation"):
+        search_batch(tasks[:1], policy=tiny, env=env, reward=reward, config=cfg, seed=0, q_normalisation="none")
+
+
+@pytest.mark.slow
+def test_smollm2_search_calls_tools(env):
+    """The real model with the few-shot prompt: the trees hold executed tool calls."""
+    policy = make_policy("hf", "smollm2", fewshot=True)
+    one_step = [t for t in generate_suite("arithmetic", n_train=8, n_heldout=0, seed=0) if len(t.gold.calls) == 1][:2]
+    cfg = config(policy__model="smollm2", policy__max_new_tokens=48, search__num_simulations=4, search__num_actions=2)
+    batch = search_batch(one_step, policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+    nodes, trajs = batch_rows(batch, policy.model_id)
+    calls = [r for r in nodes if r["action_key"] and r["action_key"].startswith("calls:")]
+    assert calls and any(not r["observation"].startswith("Error") for r in calls)
+    assert all(r["num_tokens"] <= 48 for r in nodes if r["num_tokens"] is not None)
+    assert len(trajs) == sum(r["terminal"] for r in nodes)
