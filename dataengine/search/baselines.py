@@ -57,6 +57,8 @@ def play_episodes(
 ) -> list[PlayedEpisode]:
     """Up to `n` episodes per task, `wave` at a time, each at most `max_steps` turns.
 
+    on_step: called after each turn with every episode so far (finished ones scored).
+
     Returns the episodes in (task, number) order, each scored by `reward`.
     """
     if n < 1 or wave < 1 or max_steps < 1:
@@ -95,7 +97,7 @@ def play_episodes(
             texts_by_episode = _sample_turn(policy, live, max_new_tokens, temperature, top_p, seed + 7919 * wave_index + 104729 * depth, budget)
             _step(env, live, [texts_by_episode[id(e)] for e in live])
             if on_step is not None:
-                on_step(current)
+                on_step(played + current)
         for e in current:
             if not e.state.terminal:
                 # Cut by the step limit or the token budget: an unfinished, truncated episode.
@@ -104,7 +106,7 @@ def play_episodes(
             e.reward, e.success, e.verdicts = result.reward, result.success, list(result.verdicts)
         played.extend(current)
         if on_step is not None:
-            on_step(current)
+            on_step(played)
         wave_index += 1
     played.sort(key=lambda e: (e.task_index, e.number))
     return played
