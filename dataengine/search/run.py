@@ -58,6 +58,8 @@ class ShardOutput:
     trajectories: list[dict]
     simulations: int = 0
     generated_tokens: int = 0
+    env_seconds: float = 0.0
+    verify_seconds: float = 0.0
 
 
 @dataclass
@@ -66,7 +68,9 @@ class GenerateSummary:
 
     trees: tasks searched (or sampled) in this call; simulations: MCTS simulations backed up
     (0 for baselines); successes: successful trajectories; solved: tasks with at least one;
-    seconds: wall time of this call; model_seconds: time inside the policy (sampling, scoring).
+    seconds: wall time of this call; model_seconds: time inside the policy (sampling, scoring);
+    env_seconds / verify_seconds / store_seconds: time in env steps (sandboxed tool calls),
+    terminal verifiers and store writes (search only; baselines count them in the rest).
     """
 
     run_id: str
@@ -81,6 +85,9 @@ class GenerateSummary:
     generated_tokens: int = 0
     seconds: float = 0.0
     model_seconds: float = 0.0
+    env_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    store_seconds: float = 0.0
     shards_written: int = 0
     shards_skipped: int = 0
     solved_task_ids: list[str] = field(default_factory=list)
@@ -304,6 +311,8 @@ def run_shard(
             sims = int(batch.tree.num_simulations.sum())
             out.simulations += sims
             out.generated_tokens += batch.budget.total
+            out.env_seconds += batch.counters.env_seconds
+            out.verify_seconds += batch.counters.verify_seconds
             done["trees_done"] += len(part)
             done["simulations"] += sims
             done["tokens"] += batch.budget.total
@@ -451,7 +460,9 @@ def generate(
                     on_progress=bar.update,
                 )
                 if store:
+                    written = time.perf_counter()
                     write_shard(store, out, run_id)
+                    summary.store_seconds += time.perf_counter() - written
                 bar.finish_shard()
                 summary.trees += len(part)
                 summary.simulations += out.simulations
@@ -462,6 +473,8 @@ def generate(
                 summary.solved += len(solved)
                 summary.solved_task_ids += solved
                 summary.generated_tokens += out.generated_tokens
+                summary.env_seconds += out.env_seconds
+                summary.verify_seconds += out.verify_seconds
                 summary.shards_written += 1
         summary.model_seconds = policy.stats.seconds - model_before
     summary.seconds = time.perf_counter() - started
