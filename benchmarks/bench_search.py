@@ -106,7 +106,9 @@ def main() -> None:
           f"{ratio(per_million(m[1], m[0].generated_tokens), per_million(b[1], b[0].generated_tokens))}")
     print(f"solved tasks per M tokens, MCTS / best-of-N: "
           f"{ratio(per_million(m[0].solved, m[0].generated_tokens), per_million(b[0].solved, b[0].generated_tokens))}")
-    print(f"MCTS: {m[0].simulations} simulations, {m[0].nodes} nodes, {m[0].trajectories} trajectories")
+    print(f"MCTS: {m[0].simulations} simulations, {m[0].nodes} nodes, {m[0].trajectories} trajectories; outside the "
+          f"model: env {m[0].env_seconds:.2f} s, verifiers {m[0].verify_seconds:.2f} s, store {m[0].store_seconds:.2f} s, "
+          f"rest {m[0].seconds - m[0].model_seconds - m[0].env_seconds - m[0].verify_seconds - m[0].store_seconds:.2f} s")
 
 
 if __name__ == "__main__":
