@@ -99,6 +99,20 @@ def summary_markdown(title: str, run_id: str, store: str, shards: list[dict[str,
     return "\n".join(lines)
 
 
+def scheduled_run(config: EngineConfig, run_id: str | None, vary_seed: bool) -> tuple[EngineConfig, str | None]:
+    """In a deployment's run without a run id: run id `schedule/<name>/<YYYYmmddTHHMM>` and,
+    with `vary_seed`, seed + minutes since the epoch of the scheduled time (fresh tasks per run)."""
+    from prefect.runtime import deployment, flow_run
+
+    if run_id is not None or not deployment.get_id():
+        return config, run_id
+    when = flow_run.get_scheduled_start_time()
+    run_id = f"schedule/{deployment.get_name()}/{when.strftime('%Y%m%dT%H%M')}"
+    if vary_seed:
+        config = config.model_copy(update={"seed": config.seed + int(when.timestamp()) // 60})
+    return config, run_id
+
+
 def default_run_id(config: EngineConfig, method: str) -> str:
     from dataengine.search import config_tasks
     from dataengine.search import default_run_id as search_run_id
@@ -113,11 +127,15 @@ def generate_flow(
     run_id: str | None = None,
     n: int | None = None,
     runtime: RuntimeConfig = RuntimeConfig(),
+    vary_seed: bool = False,
 ) -> dict[str, Any]:
     """Search every shard of `config`'s tasks into `config.store` as run `run_id` (default: a
-    hash of the config, so the same command resumes). Returns {run_id, shards: [...], skipped}."""
+    hash of the config, so the same command resumes; in a scheduled run,
+    `schedule/<deployment>/<scheduled time>`, with the seed moved by that time when `vary_seed`).
+    Returns {run_id, shards: [...], skipped, store}."""
     from storage import Store
 
+    config, run_id = scheduled_run(config, run_id, vary_seed)
     run_id = run_id or default_run_id(config, method)
     store = Store(config.store)
     plan = shard_plan(config)

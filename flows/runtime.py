@@ -191,6 +191,7 @@ def private_prefect_home(path: str | os.PathLike[str]) -> Iterator[None]:
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import (
         PREFECT_HOME,
+        PREFECT_LOGGING_TO_API_ENABLED,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         temporary_settings,
@@ -198,7 +199,9 @@ def private_prefect_home(path: str | os.PathLike[str]) -> Iterator[None]:
 
     os.makedirs(path, exist_ok=True)
     with temporary_settings({PREFECT_HOME: str(path), PREFECT_SERVER_ANALYTICS_ENABLED: False,
-                             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 180}):
+                             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 180,
+                             # Logs stay local: a log shipped after the server stops would fail noisily.
+                             PREFECT_LOGGING_TO_API_ENABLED: False}):
         try:
             yield
         finally:

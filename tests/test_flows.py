@@ -48,3 +48,92 @@ def test_generate_then_rerun_skips_committed_shards(tmp_path):
     assert store.version("nodes") == nodes_version + 1
     counts = store.tasks().collect().group_by("shard_id").len()
     assert sorted(counts["len"].to_list()) == [2, 2, 2]
+
+
+def test_transient_classification():
+    from flows.runtime import transient
+    from storage import RetryableStoreError
+
+    assert transient(RetryableStoreError("lost a commit race"))
+    assert transient(TimeoutError("tool call timed out"))
+    wrapped = RuntimeError("shard failed")
+    wrapped.__cause__ = ConnectionError("worker went away")
+    assert transient(wrapped)
+    assert not transient(ValueError("bad config"))
+    assert not transient(KeyError("suite"))
+
+
+def test_shard_retry_policy_retries_transient_errors_only(tmp_path):
+    """A shard task with the flows' retry options: a lost commit race is retried (with backoff)
+    and the shard ends committed once; bad input fails at once, without retries."""
+    from prefect import flow, task
+
+    from flows.runtime import RuntimeConfig, shard_options
+    from storage import RetryableStoreError, Store
+
+    store = Store(tmp_path / "store")
+    attempts = {"flaky": 0, "bad": 0}
+
+    def flaky_shard(shard_id: str) -> int:
+        attempts["flaky"] += 1
+        if attempts["flaky"] == 1:
+            raise RetryableStoreError("append lost 12 commit races; retry it")
+        return store.append("tasks", [{"task_id": "t1"}], run_id="retry", shard_id=shard_id)
+
+    def bad_shard(shard_id: str) -> int:
+        attempts["bad"] += 1
+        raise ValueError(f"shard {shard_id}: unknown suite 'nope'")
+
+    options = shard_options(RuntimeConfig(retries=2, retry_delay_s=0.1))
+    flaky = task(flaky_shard, name="flaky-shard").with_options(**options)
+    bad = task(bad_shard, name="bad-shard").with_options(**options)
+
+    @flow(name="retry-test")
+    def run(fn) -> int:
+        return fn.submit("s0").result()
+
+    run(flaky)
+    assert attempts["flaky"] == 2
+    assert store.tasks().collect().height == 1 and store.committed_shards("tasks", "retry") == {"s0"}
+    with pytest.raises(ValueError, match="unknown suite"):
+        run(bad)
+    assert attempts["bad"] == 1
+
+
+def test_export_then_train_dpo_flow_resumes(tmp_path):
+    """Hand-built pairs -> export flow (TRL preference parquet) -> train_dpo flow (tiny model,
+    one step) -> checkpoint registered; a rerun finds the checkpoint and does not train again."""
+    import json
+
+    from flows.datasets import export_flow
+    from flows.train import TrainSettings, train_dpo_flow
+    from storage import Store
+
+    store = Store(tmp_path / "store")
+    prompt = [{"role": "user", "content": "What is 2 plus 3?"}]
+    good = [{"role": "assistant", "content": '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'}]
+    worse = [{"role": "assistant", "content": "6"}]
+    rows = [{"pair_id": f"p{i}", "kind": "step", "task_id": f"t{i}", "prompt_json": json.dumps(prompt),
+             "chosen_json": json.dumps(good), "rejected_json": json.dumps(worse), "tools_json": "[]", "margin": 0.5,
+             "chosen_logprob": -1.0, "rejected_logprob": -2.0} for i in range(2)]
+    store.append("pairs", rows, run_id="p/r1", shard_id="derive/step-pairs")
+    store.append("pairs", rows[:1], run_id="other", shard_id="derive/step-pairs")
+    exported = export_flow(store=str(store.root), out_dir=str(tmp_path / "data"), kinds=["pairs", "sft"], run_ids=["p/r1"])
+    assert exported["pairs"]["rows"] == 1  # two equal pairs: exact dedup keeps one; run "other" left out
+    assert exported["sft"]["rows"] == 0 and exported["sft"]["path"] is None
+    settings = TrainSettings(max_steps=1, batch_size=1, max_length=128, device="cpu")
+    args = dict(data=exported["pairs"]["path"], init="tiny", out_dir=str(tmp_path / "ckpt"), store=str(store.root),
+                run_id="p/r1", settings=settings)
+    info = train_dpo_flow(**args)
+    assert info["kind"] == "dpo" and not info["resumed"]
+    assert store.models().collect()["model_id"].to_list() == [info["model_id"]]
+    again = train_dpo_flow(**args)
+    assert again["resumed"] and again["model_id"] == info["model_id"]
+
+
+def test_train_settings_name_unknown_fields():
+    from flows.train import TrainSettings, trainer_config
+
+    with pytest.raises(ValueError, match="unknown field.*betta"):
+        trainer_config("dpo", TrainSettings(extra={"dpo": {"betta": 0.3}}), init="tiny", out_dir="x", run_id=None)
+    assert trainer_config("dpo", TrainSettings(extra={"dpo": {"beta": 0.3}}), init="tiny", out_dir="x", run_id=None).beta == 0.3

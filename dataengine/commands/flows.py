@@ -3,17 +3,43 @@ the run report from the command line (flows/ holds the flows; dataengine/report.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-schedule_app = typer.Typer(help="Cron schedules of the generate flow (Prefect deployments).", no_args_is_help=True)
+schedule_app = typer.Typer(help="Cron schedules of the generate flow (Prefect deployments; need a Prefect server).",
+                           no_args_is_help=True)
 
 
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+def _engine_overrides(suite: Optional[list[str]], tasks: Optional[int], model: Optional[str], store: Optional[Path],
+                      sims: Optional[int], k: Optional[int], seed: Optional[int], prefix: str = "") -> dict[str, Any]:
+    """Dotted load_config overrides (None: keep the file's or the default value)."""
+    return {
+        f"{prefix}suites": list(suite) if suite else None,
+        f"{prefix}num_tasks": tasks,
+        f"{prefix}policy__model": model,
+        f"{prefix}store": str(store) if store is not None else None,
+        f"{prefix}search__num_simulations": sims,
+        f"{prefix}search__num_actions": k,
+        f"{prefix}seed": seed,
+    }
+
+
+Suite = Annotated[Optional[list[str]], typer.Option("--suite", help="Suite to search (repeat for several).")]
+Tasks = Annotated[Optional[int], typer.Option("--tasks", min=1, help="Tasks per suite.")]
+Model = Annotated[Optional[str], typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder.")]
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Store folder.")]
+Sims = Annotated[Optional[int], typer.Option("--sims", min=1, help="MCTS simulations per tree.")]
+K = Annotated[Optional[int], typer.Option("--k", min=1, help="Candidate actions per expansion.")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed of tasks, sampling and search.")]
+Config = Annotated[Optional[Path], typer.Option("--config", help="YAML/TOML file (flags override it).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -36,3 +62,111 @@ def register(app: typer.Typer) -> None:
             _fail(str(exc))
         typer.echo(f"report: {written.html}")
         typer.echo(f"markdown: {written.markdown}")
+
+    @app.command("pipeline")
+    def pipeline(
+        config: Config = None,
+        run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id prefix of the pipeline's runs.")] = None,
+        rounds: Annotated[Optional[int], typer.Option("--rounds", min=1, help="generate->derive->train->evaluate rounds.")] = None,
+        trainer: Annotated[Optional[list[str]], typer.Option("--trainer", help="dpo, sft or grpo, in order (repeat).")] = None,
+        suite: Suite = None, tasks: Tasks = None, model: Model = None, store: StoreOpt = None, sims: Sims = None,
+        k: K = None, seed: Seed = None,
+        eval_tasks: Annotated[Optional[int], typer.Option("--eval-tasks", min=1, help="Held-out tasks per suite per evaluation.")] = None,
+        train_steps: Annotated[Optional[int], typer.Option("--train-steps", help="Optimizer steps per trainer.")] = None,
+        out: Annotated[Optional[Path], typer.Option("--out", help="Folder for datasets and checkpoints.")] = None,
+        ray: Annotated[bool, typer.Option("--ray", help="Run shards on Ray (prefect-ray's RayTaskRunner).")] = False,
+        ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster address (default: local Ray).")] = None,
+        report_dir: Annotated[Optional[Path], typer.Option("--report", help="Also write the run report to this folder.")] = None,
+    ) -> None:
+        """Run rounds of generate -> derive -> export -> train -> evaluate as Prefect flows
+        (embedded ephemeral API unless PREFECT_API_URL is set); prints the success table."""
+        from dataengine.config import ConfigError, load_config
+
+        overrides = _engine_overrides(suite, tasks, model, store, sims, k, seed, prefix="engine__")
+        overrides.update(run_id=run_id, rounds=rounds, trainers=list(trainer) if trainer else None, eval_tasks=eval_tasks,
+                         train__max_steps=train_steps, out_dir=str(out) if out else None)
+        if ray or ray_address:
+            overrides.update(runtime__task_runner="ray", runtime__ray_address=ray_address)
+        from flows.pipeline import PipelineConfig, run_pipeline
+
+        try:
+            cfg = load_config(config, model=PipelineConfig, **overrides)
+        except ConfigError as exc:
+            _fail(str(exc))
+        result = run_pipeline(cfg)
+        typer.echo(result["table"])
+        typer.echo(f"store: {result['store']}\nfinal model: {result['model']}")
+        if report_dir is not None:
+            from dataengine.report import build_report
+            from storage import Store
+
+            typer.echo(f"report: {build_report(Store(result['store']), cfg.run_id, report_dir).html}")
+
+    @schedule_app.command("generate")
+    def schedule_generate(
+        name: Annotated[str, typer.Option("--name", help="Schedule (deployment) name.")],
+        cron: Annotated[str, typer.Option("--cron", help="Cron expression, e.g. '0 * * * *' (hourly).")],
+        config: Config = None,
+        method: Annotated[str, typer.Option("--method", help="mcts, best_of_n or greedy.")] = "mcts",
+        suite: Suite = None, tasks: Tasks = None, model: Model = None, store: StoreOpt = None, sims: Sims = None,
+        k: K = None, seed: Seed = None,
+        same_tasks: Annotated[bool, typer.Option("--same-tasks", help="Every run searches the same tasks (no seed change).")] = False,
+        serve_now: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve it now (blocks) or only register it.")] = True,
+    ) -> None:
+        """Create a cron schedule of the generate flow and serve it (needs PREFECT_API_URL)."""
+        from dataengine.config import ConfigError, EngineConfig, load_config
+        from flows.schedule import ScheduleError, create_schedule, deployment_for, serve
+
+        try:
+            engine = load_config(config, model=EngineConfig, **_engine_overrides(suite, tasks, model, store, sims, k, seed))
+            if method not in ("mcts", "best_of_n", "greedy"):
+                raise ScheduleError(f"unknown method {method!r}; choose mcts, best_of_n or greedy")
+            if serve_now:
+                serve([deployment_for(name, cron, engine, method=method, vary_seed=not same_tasks)])
+            else:
+                typer.echo(f"schedule {name!r} created: deployment {create_schedule(name, cron, engine, method=method, vary_seed=not same_tasks)}")
+        except (ConfigError, ScheduleError) as exc:
+            _fail(str(exc))
+
+    @schedule_app.command("list")
+    def schedule_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+        """List the dataengine schedules on the Prefect server."""
+        from flows.schedule import ScheduleError, list_schedules
+
+        try:
+            rows = list_schedules()
+        except ScheduleError as exc:
+            _fail(str(exc))
+        if as_json:
+            typer.echo(json.dumps(rows, indent=1))
+            return
+        if not rows:
+            typer.echo("no schedules")
+        for r in rows:
+            typer.echo(f"{r['name']}\t{r['cron']}\t{'paused' if r['paused'] else 'active'}\t{r['method']}\t{r['suites']}\t{r['id']}")
+
+    def _by_name(action: str):
+        def command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
+            from flows import schedule
+
+            try:
+                getattr(schedule, f"{action}_schedule")(name)
+            except schedule.ScheduleError as exc:
+                _fail(str(exc))
+            typer.echo(f"schedule {name!r}: {action}d")
+
+        command.__doc__ = f"{action.capitalize()} a schedule."
+        return command
+
+    for action in ("pause", "resume", "delete"):
+        schedule_app.command(action)(_by_name(action))
+
+    @schedule_app.command("serve")
+    def schedule_serve(names: Annotated[Optional[list[str]], typer.Argument(help="Schedules to serve (default: all).")] = None) -> None:
+        """Serve existing schedules in this process: their runs start here when due (blocks)."""
+        from flows.schedule import ScheduleError, serve, stored_deployments
+
+        try:
+            serve(stored_deployments(list(names) if names else None))
+        except ScheduleError as exc:
+            _fail(str(exc))
