@@ -197,3 +197,29 @@ def test_cli_verify_bfcl(tmp_path, bfcl):
     bad.write_text('{"id": "parallel_0"}\nnot json\n')
     result = CliRunner(env={"COLUMNS": "500"}).invoke(app, ["verify", "bfcl", "--category", "parallel", "--predictions", str(bad)])
     assert result.exit_code != 0 and "bad.jsonl:2: not valid JSON" in result.output
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_multi_turn_through_toolenv_and_sandbox(bfcl):
+    from dataengine.env import ToolEnv
+    from dataengine.suites import gold_turns
+    from dataengine.tools.sandbox import Sandbox
+    from dataengine.verifiers import CompositeReward
+
+    reward = CompositeReward()
+    task = bfcl.load_tasks("multi_turn_base", ids=["multi_turn_base_0"])[0]
+    with Sandbox(workers=1, timeout_s=30, cpu_s=30) as sandbox:
+        env = ToolEnv(sandbox, max_steps=20)
+        state = env.reset(task)
+        for text in gold_turns(task):
+            state = env.step(state, text).state
+        gold = state.episode()
+        assert all(r.ok for s in gold.steps for r in s.results)
+        assert reward.score(gold).success
+        # the same episode without the mkdir: mv then moves the file onto a name, not into a folder
+        state = env.reset(task)
+        for text in [t for t in gold_turns(task) if '"mkdir"' not in t]:
+            state = env.step(state, text).state
+        result = reward.score(state.episode())
+        assert not result.success and {v.name: v.passed for v in result.verdicts}["end_state"] is False
