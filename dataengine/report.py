@@ -173,7 +173,7 @@ def draw_tree(graph: Any, path: Path, *, title: str = "", max_nodes: int = 300) 
     nx.draw_networkx_labels(graph, pos, ax=ax, labels={n: str(graph.nodes[n].get("visits") or 0) for n in graph.nodes},
                             font_size=7, font_color="white")
     fig.colorbar(drawn, ax=ax, label="Q")
-    ax.set_title(title or "search tree (labels: visits)")
+    ax.set_title(title or "search tree (labels: visits)", fontsize=9, loc="left")
     ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -213,8 +213,9 @@ def _success_plot(success: pl.DataFrame, evals: pl.DataFrame, path: Path) -> Pat
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for suite in sorted(set(greedy["suite"].drop_nulls().to_list())):
         part = greedy.filter(pl.col("suite") == suite).sort("round")
-        low = (part["value"] - part["ci_low"]).fill_null(0).to_list()
-        high = (part["ci_high"] - part["value"]).fill_null(0).to_list()
+        # Clipped at 0: a Wilson bound at 0 or 1 may differ from the value by rounding only.
+        low = (part["value"] - part["ci_low"]).fill_null(0).clip(lower_bound=0).to_list()
+        high = (part["ci_high"] - part["value"]).fill_null(0).clip(lower_bound=0).to_list()
         ax.errorbar(part["round"].to_list(), part["value"].to_list(), yerr=[low, high], marker="o", capsize=3,
                     label=f"{suite}: greedy (held-out)")
     for (suite, source), part in search.group_by("suite", "source", maintain_order=True):

@@ -27,7 +27,7 @@ def test_gold_succeeds_and_corruption_fails(env, suite):
 
 
 def test_demo_command_writes_task_files(tmp_path):
-    result = CliRunner().invoke(app, ["demo", "--tasks", "2", "--out", str(tmp_path)])
+    result = CliRunner().invoke(app, ["demo", "--tasks", "2", "--out", str(tmp_path), "--gold-only"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "arithmetic.jsonl").exists()
     assert "gold" in result.output
