@@ -49,6 +49,9 @@ class GRPOTrainConfig(TrainConfig):
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Leave rollouts cut by the token budget out of the loss."}
     )
+    generation_kwargs: dict[str, Any] | None = field(
+        default=None, metadata={"help": "Extra transformers GenerationConfig settings (top_k, repetition_penalty, ...)."}
+    )
     use_vllm: bool = field(default=False, metadata={"help": "Generate with vLLM (GPU; colocate mode)."})
     sandbox_workers: int = field(default=2, metadata={"help": "Sandbox worker processes executing tools."})
     tool_timeout_s: float = field(default=5.0, metadata={"help": "Wall-clock limit of one tool call."})
@@ -130,6 +133,7 @@ def build_grpo_trainer(
         scale_rewards=config.scale_rewards,
         mask_truncated_completions=config.mask_truncated_completions,
         use_vllm=config.use_vllm,
+        generation_kwargs=config.generation_kwargs,
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = GRPOTrainer(
