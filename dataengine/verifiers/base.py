@@ -59,3 +59,13 @@ def verify_step(verifier: Any, task: Task, step: Step) -> Verdict | None:
 def tool_names(task: Task) -> set[str]:
     """Names of the tools the task shows to the model."""
     return {t.name for t in task.tools}
+
+
+def is_stateful(task: Task) -> bool:
+    """The task is judged by its tool state (many call sequences can be right)."""
+    return bool(
+        task.gold.end_state_hash is not None
+        or task.initial_state is not None
+        or task.metadata.get("stateful")
+        or task.metadata.get("state_view_key")
+    )

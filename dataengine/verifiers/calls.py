@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from dataengine.types import Episode, Step, Task, Verdict
-from dataengine.verifiers.base import not_applicable, tool_names, verdict
+from dataengine.verifiers.base import is_stateful, not_applicable, tool_names, verdict
 
 
 def _wrong_tools(task: Task, names: list[str]) -> tuple[list[str], list[str]]:
-    """(names not among the task's tools, names outside the gold calls' tools when gold names any)."""
+    """(names not among the task's tools, names outside the gold calls' tools when gold names any).
+
+    Stateful tasks are judged by end state and admit many call sequences (an extra lookup is
+    fine), so there only existence is checked.
+    """
     known = tool_names(task)
     unknown = [n for n in names if n not in known]
-    gold = {c.name for c in task.gold.calls}
+    gold = set() if is_stateful(task) else {c.name for c in task.gold.calls}
     off_gold = [n for n in names if gold and n in known and n not in gold]
     return unknown, off_gold
 
 
 class WhichVerifier:
-    """Every called tool exists, and is one the gold calls use when the task says which.
+    """Every called tool exists, and is one the gold calls use when the task says which
+    (not for stateful tasks, where the gold calls are one path among many).
 
     Score: fraction of calls that name a right tool. Not applicable when nothing was called.
     details: unknown (names not offered), off_gold (offered but not in the gold calls).

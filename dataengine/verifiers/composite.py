@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from dataengine.types import Episode, Step, Task, Verdict
 from dataengine.verifiers.answer import FinalAnswerVerifier
 from dataengine.verifiers.arguments import ArgumentsVerifier, NumericArgumentsVerifier
-from dataengine.verifiers.base import Verifier, verify_step
+from dataengine.verifiers.base import Verifier, is_stateful, verify_step
 from dataengine.verifiers.calls import ExecutionVerifier, WhenVerifier, WhichVerifier
 from dataengine.verifiers.efficiency import EfficiencyVerifier, LengthVerifier
 from dataengine.verifiers.end_state import EndStateVerifier, Replay
@@ -132,18 +132,14 @@ def _applies(v: Any, task: Task) -> bool:
     gold = task.gold
     name = v.name
     if name in ("arguments", "arguments_numeric"):
-        return bool(gold.calls or gold.acceptable)
+        # stateful tasks are judged by end state: their gold calls are one path among many
+        return bool(gold.calls or gold.acceptable) and not is_stateful(task)
     if name == "final_answer":
         return gold.answer is not None
     if name == "which":
         return bool(task.tools)
     if name == "end_state":
-        return bool(
-            gold.end_state_hash is not None
-            or task.initial_state is not None
-            or task.metadata.get("stateful")
-            or task.metadata.get("state_view_key")
-        )
+        return is_stateful(task)
     return True
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from dataengine.types import Action, Episode, Step, Task, ToolCall, ToolResult
+from dataengine.verifiers.base import is_stateful
 from dataengine.verifiers.composite import CompositeReward
 from dataengine.verifiers.end_state import end_state_hash, replay_in_process
 from dataengine.verifiers.perturb import perturb_calls
@@ -104,8 +105,6 @@ def _answer(text: str) -> Action:
     return Action(text=text, final_answer=text)
 
 
-def _stateful(task: Task) -> bool:
-    return bool(task.gold.end_state_hash or task.initial_state is not None or task.metadata.get("stateful"))
 
 
 def _wrong_answer(gold: str) -> str:
@@ -133,21 +132,29 @@ def labelled_episodes(task: Task, source: str) -> list[Labelled]:
     calls = list(gold.calls)
     final = _answer(_final_text(task))
     out: list[Labelled] = []
-    arguments_decide = gold.answer is None and not _stateful(task)
+    arguments_decide = gold.answer is None and not is_stateful(task)
     parallel = arguments_decide  # single-turn call tasks (BFCL AST) get all calls in one turn
     if gold.needs_tool and not calls:
         return out  # any call would do (BFCL relevance): no single gold episode to perturb
     gold_labels = {"format": True, "when": True, "success": True, "length": True, "efficiency": True}
     if calls:
-        gold_labels.update(which=True, execution=True, arguments=True)
+        gold_labels.update(which=True, execution=True)
+        if not is_stateful(task):
+            gold_labels["arguments"] = True
     if gold.answer is not None:
         gold_labels["final_answer"] = True
-    if _stateful(task):
+    if is_stateful(task):
         gold_labels["end_state"] = True
     out.append(Labelled(source, "gold", execute(task, [*_call_actions(calls, parallel), final]), gold_labels))
 
     for p in perturb_calls(calls, task.tools, gold.acceptable or None):
         labels = dict(CALL_LABELS[p.kind])
+        if is_stateful(task):
+            # judged by end state: the call list is one path among many, so only a call to a
+            # tool that does not exist is a wrong "which"
+            labels.pop("arguments", None)
+            if p.kind == "wrong_name" and p.calls[0].name in {t.name for t in task.tools}:
+                labels.pop("which", None)
         if arguments_decide:
             labels["success"] = labels["arguments"]
         out.append(Labelled(source, p.kind, execute(task, [*_call_actions(p.calls, parallel), final]), labels))
@@ -160,7 +167,7 @@ def labelled_episodes(task: Task, source: str) -> list[Labelled]:
         spec = task.tools[0]
         needless = ToolCall(name=spec.name, arguments={})
         out.append(Labelled(source, "needless_call", execute(task, [*_call_actions([needless]), final]), {"when": False, "success": False}))
-    if _stateful(task) and calls:
+    if is_stateful(task) and calls:
         rest = _drop_effective_write(task)
         if rest is not None:
             out.append(Labelled(source, "drop_write", execute(task, [*_call_actions(rest), final]), {"end_state": False, "success": False}))
