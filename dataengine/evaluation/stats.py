@@ -30,7 +30,8 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # Rounded so that 0 and 1 come out exact instead of 1e-17 away.
+    return round(max(0.0, centre - half), 12), round(min(1.0, centre + half), 12)
 
 
 def pass_at_k_task(n: int, c: int, k: int) -> float:
