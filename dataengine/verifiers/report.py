@@ -110,8 +110,9 @@ def _answer(text: str) -> Action:
 def _wrong_answer(gold: str) -> str:
     m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*", gold)
     if m:
+        # far outside any suite's tolerance (units accepts 0.1% relative error)
         value = float(m.group(1))
-        return str(int(value) + 7) if value.is_integer() else str(value + 7.5)
+        return str(int(value) * 2 + 7) if value.is_integer() else str(round(value * 1.5 + 7.25, 4))
     return "I am not sure, maybe qwzx."
 
 
