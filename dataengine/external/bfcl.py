@@ -511,6 +511,12 @@ def _calls_from(prediction: dict[str, Any]) -> list[ToolCall]:
     return calls
 
 
+@functools.lru_cache(maxsize=1)
+def _end_state_verifier(cls: type) -> Any:
+    # one instance, so each task's gold end state is replayed once per process
+    return cls()
+
+
 def check_prediction(task: Task, calls: list[ToolCall]) -> tuple[bool, str]:
     """(valid, reason) of one prediction, BFCL's way for the task's category."""
     from dataengine.verifiers import ArgumentsVerifier, EndStateVerifier
@@ -523,7 +529,7 @@ def check_prediction(task: Task, calls: list[ToolCall]) -> tuple[bool, str]:
         return ok, "" if ok else ("expected no call" if not want else "expected at least one call")
     if category in MULTI_TURN_CATEGORIES:
         episode = Episode(task=task, final_state=run_calls(task, calls))
-        v = EndStateVerifier().verify(episode)
+        v = _end_state_verifier(EndStateVerifier).verify(episode)
         return bool(v.passed), "" if v.passed else "end state differs from the state after the gold calls"
     episode = Episode(task=task, steps=[Step(action=Action(text="", tool_calls=calls))])
     v = ArgumentsVerifier().verify(episode)
