@@ -187,6 +187,9 @@ def test_dpo_behaviour_reference_is_used_and_checkpoint_registered(tmp_path):
     assert len(row) == 1 and row[0]["model_id"] == info.model_id
     assert row[0]["parent_id"].startswith("tiny-llama@") and row[0]["kind"] == "dpo"
     assert json.loads(row[0]["dataset_versions_json"]) == {"pairs": 3}
+    run = store.runs().collect().to_dicts()
+    assert run[0]["run_id"] == "train-test" and run[0]["kind"] == "train_dpo" and run[0]["seed"] == 0
+    assert run[0]["model_id"] == info.model_id and json.loads(run[0]["source_versions_json"]) == {"pairs": 3}
     assert read_checkpoint_info(info.path) == info
     model, tokenizer = load_model(info.path)
     assert "<tools>" in tokenizer.apply_chat_template(rows[0]["prompt"], tools=[ADD_TOOL], tokenize=False)

@@ -158,3 +158,18 @@ def test_dpo_smoke_on_smollm2(tmp_path):
     assert info.metrics["steps"] == 2 and math.isfinite(info.metrics["train_loss"])
     assert info.parent_id.startswith("smollm2-135m-instruct@")
     load_model(info.path)
+
+
+def test_seeded_dpo_runs_give_the_same_checkpoint(tmp_path):
+    from dataengine.train.dpo import DPOTrainConfig, train_dpo
+
+    rows = [{"prompt": [{"role": "user", "content": f"What is {17 + i} plus 25?"}],
+             "chosen": [{"role": "assistant", "content": "42"}], "rejected": [{"role": "assistant", "content": "32"}],
+             "tools": [ADD_TOOL], "ref_chosen_logps": -30.0, "ref_rejected_logps": -30.0} for i in range(4)]
+    ids = []
+    for run in ("a", "b"):
+        config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / run), max_steps=2, batch_size=2,
+                                behaviour_ref=True, learning_rate=1e-3, seed=7)
+        ids.append(train_dpo(config, rows).model_id)
+    assert ids[0] == ids[1]  # same seed and data: bit-identical weights (the id hashes the weight file)
+    assert ids[0].split("@")[1] != "" and ids[0].startswith("dpo-tiny@")

@@ -115,7 +115,27 @@ def save_checkpoint(
     return info
 
 
-def register_checkpoint(store: Any, info: CheckpointInfo, *, run_id: str | None = None) -> None:
-    """Append `info` to the store's models table (one shard per model_id: a retry never doubles it)."""
-    store.append(MODELS_TABLE, [info.to_row(run_id=run_id or f"train-{info.kind}")],
-                 run_id=run_id or f"train-{info.kind}", shard_id=info.model_id)
+def register_checkpoint(
+    store: Any,
+    info: CheckpointInfo,
+    *,
+    run_id: str | None = None,
+    verifier_versions: dict[str, str] | None = None,
+) -> str:
+    """Append `info` to the store's models table and the training run's lineage to `runs`
+    (config, model, weights hash, seed, source table versions). Both are keyed by the model id,
+    so a retried registration never doubles a row. Returns the run id used."""
+    run_id = run_id or f"train-{info.kind}-{info.model_id.rsplit('@', 1)[-1]}"
+    store.append(MODELS_TABLE, [info.to_row(run_id=run_id)], run_id=run_id, shard_id=info.model_id)
+    store.record_run(
+        run_id,
+        kind=f"train_{info.kind}",
+        config=info.config,
+        model_id=info.model_id,
+        checkpoint_hash=info.model_id.rsplit("@", 1)[-1],
+        verifier_versions=verifier_versions,
+        seed=info.config.get("seed"),
+        source_versions={k: v for k, v in info.dataset_versions.items() if isinstance(v, int)},
+        shard_id=info.model_id,
+    )
+    return run_id

@@ -189,6 +189,7 @@ def train_grpo(
         metrics=metrics,
     )
     if store is not None:
-        register_checkpoint(store, info, run_id=config.run_id)
+        versions = reward.versions() if hasattr(reward, "versions") else None
+        register_checkpoint(store, info, run_id=config.run_id, verifier_versions=versions)
     log.info("grpo checkpoint %s at %s", info.model_id, info.path)
     return info
