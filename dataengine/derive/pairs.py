@@ -177,28 +177,35 @@ def trajectory_pairs(
         # An episode without an assistant turn has nothing to prefer.
         .filter(pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any())
         .with_columns(
-            prompt=pl.col("messages").list.head(pl.col("start")),
-            answer=pl.col("messages").list.slice(pl.col("start")),
+            prompt_json=encode_messages(pl.col("messages").list.head(pl.col("start"))),
+            answer_json=encode_messages(pl.col("messages").list.slice(pl.col("start"))),
         )
         .sort("run_id", "task_id", "traj_id")
-        .unique(["run_id", "task_id", "messages"], keep="first", maintain_order=True)
+        .unique(["run_id", "task_id", "prompt_json", "answer_json"], keep="first", maintain_order=True)
+        .select("run_id", "task_id", "suite", "traj_id", "success", "reward", "num_steps", "logprob",
+                "prompt_json", "answer_json")
     )
-    side = ["run_id", "task_id", "traj_id", "answer", "reward", "num_steps", "logprob", "prompt"]
-    good = episodes.filter(pl.col("success")).select(*side, "suite")
-    bad = episodes.filter(~pl.col("success")).select(side).rename(
-        {c: f"{c}_r" for c in side if c not in ("run_id", "task_id")}
+    # Pair on ids and scalars only; the message texts are joined back to the kept pairs.
+    key = ["run_id", "task_id", "prompt_json"]
+    good = episodes.filter(pl.col("success")).select(*key, "traj_id", "reward", "num_steps")
+    bad = episodes.filter(~pl.col("success")).select(
+        *key, pl.col("traj_id").alias("traj_id_r"), pl.col("reward").alias("reward_r")
     )
+    texts = episodes.select("run_id", "traj_id", "suite", "answer_json", "logprob")
     pairs = (
-        good.join(bad, on=["run_id", "task_id"])
-        # Only trajectories that start from the same prompt can be compared.
-        .filter(pl.col("prompt") == pl.col("prompt_r"))
+        good.join(bad, on=key)
         .with_columns(margin=pl.col("reward").cast(pl.Float64) - pl.col("reward_r").cast(pl.Float64))
         .filter(pl.col("margin") >= min_margin)
         .sort(["run_id", "task_id", "margin", "num_steps", "traj_id", "traj_id_r"],
               descending=[False, False, True, False, False, False])
         .group_by(["run_id", "task_id"], maintain_order=True)
         .head(per_task)
-        .join(task_info(tasks).select("run_id", "task_id", "tools_json"), on=["run_id", "task_id"], how="left")
+        .join(texts, on=["run_id", "traj_id"], how="left", maintain_order="left")
+        .join(texts.select("run_id", pl.col("traj_id").alias("traj_id_r"), pl.col("answer_json").alias("answer_json_r"),
+                           pl.col("logprob").alias("logprob_r")),
+              on=["run_id", "traj_id_r"], how="left", maintain_order="left")
+        .join(task_info(tasks).select("run_id", "task_id", "tools_json"), on=["run_id", "task_id"], how="left",
+              maintain_order="left")
     )
     return pairs.select(
         "run_id",
@@ -206,9 +213,9 @@ def trajectory_pairs(
         pl.lit("trajectory").alias("kind"),
         "task_id",
         "suite",
-        encode_messages(pl.col("prompt")).alias("prompt_json"),
-        encode_messages(pl.col("answer")).alias("chosen_json"),
-        encode_messages(pl.col("answer_r")).alias("rejected_json"),
+        "prompt_json",
+        pl.col("answer_json").alias("chosen_json"),
+        pl.col("answer_json_r").alias("rejected_json"),
         "tools_json",
         "margin",
         pl.col("reward").cast(pl.Float64).alias("chosen_value"),
