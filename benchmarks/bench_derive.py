@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import polars as pl  # noqa: E402
+import polars as pl
 
-from dataengine.derive import DeriveOptions, derive_frame  # noqa: E402
-from dataengine.derive.pairs import step_pairs  # noqa: E402
+from dataengine.derive import DeriveOptions, derive_frame
+from dataengine.derive.pairs import step_pairs
 
 FANOUT, DEPTH = 4, 3
 
@@ -38,7 +38,7 @@ def synthetic(trees: int, seed: int = 0) -> dict[str, pl.LazyFrame]:
              "tools": [{"name": "add", "description": "", "parameters": {"type": "object"}}]})})
         messages = {0: [{"role": "user", "content": f"question {t}"}]}
         parents, frontier, next_id = {0: None}, [0], 1
-        rows = {0: dict(depth=0)}
+        rows: dict[int, dict] = {0: {"depth": 0}}
         for depth in range(1, DEPTH + 1):
             new = []
             for p in frontier:
@@ -49,7 +49,7 @@ def synthetic(trees: int, seed: int = 0) -> dict[str, pl.LazyFrame]:
                     text = f"action {a} at {p}"
                     messages[n] = messages[p] + [{"role": "assistant", "content": text},
                                                  {"role": "tool", "name": "add", "content": str(n)}]
-                    rows[n] = dict(depth=depth, text=text)
+                    rows[n] = {"depth": depth, "text": text}
                     new.append(n)
             frontier = new
         for n, info in rows.items():

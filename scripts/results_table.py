@@ -97,7 +97,6 @@ def engine_config(size: Size, store: Path, *, sims: int, actions: int) -> Any:
 
 def evaluate_model(name: str, model: str, size: Size, tasks: list, store: Any, *, search: bool = False) -> Row:
     """Evaluate `model` on the held-out tasks (greedy, pass@k, or search at inference)."""
-    from dataengine.config import EngineConfig
     from dataengine.env import ToolEnv
     from dataengine.evaluation import EvalConfig, evaluate, write_report
     from dataengine.evaluation.search import search_at_inference
@@ -148,10 +147,19 @@ def training_rows(store: Any, kind: str, run_id: str, pair_kind: str | None = No
 
 def train_stage(kind: str, init: str, out: Path, data: Any, size: Size, store: Any) -> Any:
     """Train one checkpoint (registered in the store) and return its CheckpointInfo."""
-    from dataengine.train import DPOTrainConfig, GRPOTrainConfig, SFTTrainConfig, train_dpo, train_grpo, train_sft
+    from dataengine.train import (
+        DPOTrainConfig,
+        GRPOTrainConfig,
+        SFTTrainConfig,
+        train_dpo,
+        train_grpo,
+        train_sft,
+    )
 
-    common = dict(init=init, out_dir=str(out), batch_size=size.batch_size, max_length=size.max_length,
-                  seed=size.seed, device="cpu", logging_steps=1, run_id="results-train")
+    common: dict[str, Any] = {
+        "init": init, "out_dir": str(out), "batch_size": size.batch_size, "max_length": size.max_length,
+        "seed": size.seed, "device": "cpu", "logging_steps": 1, "run_id": "results-train",
+    }
     if kind == "sft":
         return train_sft(SFTTrainConfig(**common, max_steps=size.sft_steps, learning_rate=5e-5), data, store)
     if kind == "dpo":
@@ -195,7 +203,9 @@ def run(size: Size, out: Path) -> list[Row]:
     if replay_data is None:
         # Every train task was always or never solved by the search: GRPO gets all train tasks,
         # and TRL's group advantages then only move on tasks where its own rollouts disagree.
-        task_frame = store.tasks().filter(__import__("polars").col("run_id") == run_id).collect()
+        import polars as pl
+
+        task_frame = store.tasks().filter(pl.col("run_id") == run_id).collect()
         replay_data = as_training_data("prompt", [
             {"prompt": json.loads(t)["messages"], "tools": json.dumps([{"type": "function", "function": s}
                                                                          for s in json.loads(t)["tools"]]),
@@ -254,10 +264,10 @@ def markdown(rows: list[Row], size: Size, seconds: float, command: str) -> str:
     n = next((r.greedy[3] for r in rows if r.greedy), 0)
     lines += [
         "",
-        f"{n} held-out {size.suite} tasks (seed {size.seed}); model {size.model}; MCTS on {size.train_tasks} train "
-        f"tasks with {size.sims} simulations x {size.actions} actions (value: {size.value}); search at inference "
-        f"{size.search_sims} x {size.search_actions}; training steps SFT {size.sft_steps}, DPO {size.dpo_steps}, "
-        f"GRPO {size.grpo_steps}; step-pair margin {size.margin}. Wall time {seconds / 60:.1f} min.",
+        (f"{n} held-out {size.suite} tasks (seed {size.seed}); model {size.model}; MCTS on {size.train_tasks} train "
+         f"tasks with {size.sims} simulations x {size.actions} actions (value: {size.value}); search at inference "
+         f"{size.search_sims} x {size.search_actions}; training steps SFT {size.sft_steps}, DPO {size.dpo_steps}, "
+         f"GRPO {size.grpo_steps}; step-pair margin {size.margin}. Wall time {seconds / 60:.1f} min."),
         f"Command: `{command}`",
     ]
     return "\n".join(lines)

@@ -133,8 +133,7 @@ def test_step_pairs_never_pair_duplicate_actions():
     assert out["node_id"].to_list() == [1]
 
 
-def test_critic_mix_changes_values(frames):
-    nodes, _, _ = frames
+def test_critic_mix_changes_values():
     rows = tree_nodes()
     for r in rows:
         r["critic_score"] = 0.0 if r["node_id"] == 1 else 1.0

@@ -7,11 +7,11 @@ import json
 import polars as pl
 import pytest
 import typer
+from test_derive import RUN, task_row, tree_nodes, tree_trajectories
 from typer.testing import CliRunner
 
 from dataengine.commands import derive_eval
 from storage import Store
-from test_derive import RUN, task_row, tree_nodes, tree_trajectories
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from dataengine.evaluation import (
     wilson_interval,
     write_report,
 )
-from dataengine.policy.base import Conversation, Policy, PolicyStats, Sample
+from dataengine.policy.base import Policy, PolicyStats, Sample
 from dataengine.suites import generate_suite, gold_turns
 from dataengine.tools.sandbox import Sandbox
 from storage import Store

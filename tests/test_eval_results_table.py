@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_derive import RUN, task_row, tree_nodes, tree_trajectories
 
 from dataengine.derive import DeriveOptions, derive
 from storage import Store
-from test_derive import RUN, task_row, tree_nodes, tree_trajectories
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "results_table.py"
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -42,17 +42,17 @@ def register(app: typer.Typer) -> None:
     def derive_command(
         kind: Annotated[DeriveKind, typer.Argument(help="Dataset to derive, or all of them.")],
         store: Annotated[Path, typer.Option("--store", help="Store root folder.")] = DEFAULT_STORE,
-        run: Annotated[Optional[list[str]], typer.Option("--run", help="Source run id (repeat for several).")] = None,
-        out_run: Annotated[Optional[str], typer.Option("--out-run", help="Run id of the written rows (default: the source run).")] = None,
-        config: Annotated[Optional[Path], typer.Option("--config", help="EngineConfig file; its `derive` section sets the defaults.")] = None,
-        margin: Annotated[Optional[float], typer.Option("--margin", help="Step pairs: least value gap theta.")] = None,
-        min_visits: Annotated[Optional[int], typer.Option("--min-visits", help="Step pairs: least visits of both actions.")] = None,
+        run: Annotated[list[str] | None, typer.Option("--run", help="Source run id (repeat for several).")] = None,
+        out_run: Annotated[str | None, typer.Option("--out-run", help="Run id of the written rows (default: the source run).")] = None,
+        config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file; its `derive` section sets the defaults.")] = None,
+        margin: Annotated[float | None, typer.Option("--margin", help="Step pairs: least value gap theta.")] = None,
+        min_visits: Annotated[int | None, typer.Option("--min-visits", help="Step pairs: least visits of both actions.")] = None,
         critic_weight: Annotated[float, typer.Option("--critic-weight", help="Step pairs: w in (1-w)*Q + w*critic.")] = 0.0,
         pairs_per_task: Annotated[int, typer.Option("--pairs-per-task", help="Trajectory pairs kept per task.")] = 4,
-        sft_per_task: Annotated[Optional[int], typer.Option("--sft-per-task", help="SFT: k trajectories per task.")] = None,
-        near: Annotated[Optional[float], typer.Option("--near", help="SFT: near-duplicate cosine threshold (off by default).")] = None,
-        low: Annotated[Optional[float], typer.Option("--low", help="Replay: p_success must be above this.")] = None,
-        high: Annotated[Optional[float], typer.Option("--high", help="Replay: p_success must be below this.")] = None,
+        sft_per_task: Annotated[int | None, typer.Option("--sft-per-task", help="SFT: k trajectories per task.")] = None,
+        near: Annotated[float | None, typer.Option("--near", help="SFT: near-duplicate cosine threshold (off by default).")] = None,
+        low: Annotated[float | None, typer.Option("--low", help="Replay: p_success must be above this.")] = None,
+        high: Annotated[float | None, typer.Option("--high", help="Replay: p_success must be below this.")] = None,
         min_samples: Annotated[int, typer.Option("--min-samples", help="Replay: trajectories needed per prompt.")] = 2,
         prefixes: Annotated[bool, typer.Option("--prefixes/--no-prefixes", help="Replay: internal nodes as prompts too.")] = True,
         same_state: Annotated[bool, typer.Option("--same-state/--any-state", help="Recovery and replay prefixes only where the tool state is unchanged.")] = True,
@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
         tasks: Annotated[int, typer.Option("--tasks", min=1, help="Held-out tasks.")] = 20,
         store: Annotated[Path, typer.Option("--store", help="Store root folder (evals are written there).")] = DEFAULT_STORE,
         k: Annotated[int, typer.Option("--k", min=0, help="pass@k (0: no sampled episodes).")] = 0,
-        samples: Annotated[Optional[int], typer.Option("--samples", help="Episodes per task for pass@k (default k).")] = None,
+        samples: Annotated[int | None, typer.Option("--samples", help="Episodes per task for pass@k (default k).")] = None,
         search: Annotated[bool, typer.Option("--search/--no-search", help="Also measure search-at-inference success.")] = False,
         sims: Annotated[int, typer.Option("--sims", min=1, help="Search: simulations per tree.")] = 8,
         search_k: Annotated[int, typer.Option("--search-k", min=1, help="Search: actions sampled per expansion.")] = 4,
@@ -98,14 +98,14 @@ def register(app: typer.Typer) -> None:
         max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Assistant turns per episode.")] = 6,
         few_shot: Annotated[bool, typer.Option("--few-shot/--no-few-shot", help="Worked examples in the system prompt.")] = True,
         device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-        run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id of the evals rows (default eval-<suite>-<seed>).")] = None,
+        run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the evals rows (default eval-<suite>-<seed>).")] = None,
     ) -> None:
         """Evaluate a model on held-out tasks: greedy success, pass@k, search at inference and
         the when/which/how/final axes, with 95% intervals, written to the store's evals table."""
         from rich.console import Console
         from rich.table import Table
 
-        from dataengine.evaluation import EvalConfig, evaluate, write_report
+        from dataengine.evaluation import EvalConfig, write_report
         from dataengine.suites import SUITE_MODULES, generate_suite
 
         if suite not in SUITE_MODULES:

@@ -5,10 +5,21 @@ The functions in pairs/sft/replay are pure Polars over the store's LazyFrames (t
 hand-built node rows); `derive` writes their results to the store with lineage.
 """
 
-from dataengine.derive.pairs import node_value, path_logprobs, step_pairs, trajectory_pairs
+from dataengine.derive.pairs import (
+    node_value,
+    path_logprobs,
+    step_pairs,
+    trajectory_pairs,
+)
 from dataengine.derive.replay import grpo_replay
 from dataengine.derive.sft import recovery_examples, rejection_sft
-from dataengine.derive.store import KINDS, DeriveOptions, DeriveResult, derive, derive_frame
+from dataengine.derive.store import (
+    KINDS,
+    DeriveOptions,
+    DeriveResult,
+    derive,
+    derive_frame,
+)
 
 __all__ = [
     "KINDS",

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from dataengine.derive.common import count_assistant, decode_messages, encode_messages, keep_runs, task_info
+from dataengine.derive.common import (
+    count_assistant,
+    decode_messages,
+    encode_messages,
+    keep_runs,
+    task_info,
+)
 
 # k: successful trajectories kept per task by rejection sampling.
 SFT_PER_TASK = 2

@@ -17,9 +17,21 @@ from typing import Any
 
 import polars as pl
 
-from dataengine.derive.pairs import MARGIN, MIN_VISITS, PAIR_COLUMNS, PAIRS_PER_TASK, step_pairs, trajectory_pairs
+from dataengine.derive.pairs import (
+    MARGIN,
+    MIN_VISITS,
+    PAIR_COLUMNS,
+    PAIRS_PER_TASK,
+    step_pairs,
+    trajectory_pairs,
+)
 from dataengine.derive.replay import MIN_SAMPLES, REPLAY_COLUMNS, grpo_replay
-from dataengine.derive.sft import SFT_COLUMNS, SFT_PER_TASK, recovery_examples, rejection_sft
+from dataengine.derive.sft import (
+    SFT_COLUMNS,
+    SFT_PER_TASK,
+    recovery_examples,
+    rejection_sft,
+)
 
 KINDS = ("step-pairs", "trajectory-pairs", "sft", "recovery", "replay")
 TABLE_OF = {"step-pairs": "pairs", "trajectory-pairs": "pairs", "sft": "sft", "recovery": "sft", "replay": "replay"}
@@ -64,10 +76,10 @@ class DeriveOptions:
     replay_prefixes: bool = True
 
     @classmethod
-    def from_config(cls, config: Any, **overrides: Any) -> "DeriveOptions":
+    def from_config(cls, config: Any, **overrides: Any) -> DeriveOptions:
         """From a config.DeriveConfig (margin, min_visits, sft_per_task, replay_low/high)."""
-        base = dict(margin=config.margin, min_visits=config.min_visits, sft_per_task=config.sft_per_task,
-                    replay_low=config.replay_low, replay_high=config.replay_high)
+        base = {"margin": config.margin, "min_visits": config.min_visits, "sft_per_task": config.sft_per_task,
+                "replay_low": config.replay_low, "replay_high": config.replay_high}
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

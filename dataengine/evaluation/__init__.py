@@ -11,7 +11,12 @@ from dataengine.evaluation.evaluate import (
     write_report,
 )
 from dataengine.evaluation.rollout import Rollout, rollouts
-from dataengine.evaluation.stats import bootstrap_interval, pass_at_k, pass_at_k_task, wilson_interval
+from dataengine.evaluation.stats import (
+    bootstrap_interval,
+    pass_at_k,
+    pass_at_k_task,
+    wilson_interval,
+)
 
 __all__ = [
     "AXES",

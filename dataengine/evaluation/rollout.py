@@ -6,8 +6,9 @@ see `rollouts`), and their tool calls run through one `ToolEnv.step_many` round.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from dataengine.env import EnvState, ToolEnv
 from dataengine.policy.base import Conversation, Policy
