@@ -19,7 +19,13 @@ import time
 import jsonschema
 
 from dataengine.types import Step, Task, Verdict
-from dataengine.verifiers import Cascade, CompositeReward, FinalAnswerVerifier, FormatVerifier, rule_verifiers
+from dataengine.verifiers import (
+    Cascade,
+    CompositeReward,
+    FinalAnswerVerifier,
+    FormatVerifier,
+    rule_verifiers,
+)
 from dataengine.verifiers.report import calibration_set
 
 

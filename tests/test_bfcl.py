@@ -109,7 +109,9 @@ def test_perturbations_get_the_right_verdict_and_agree_with_bfcl(bfcl):
 @pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
 def test_multi_turn_state_matches_bfcl_execution(bfcl):
     """Our JSON tool state after the gold calls equals BFCL's own instances after its own executor."""
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (
+        execute_multi_turn_func_call,
+    )
 
     entries = {e["id"]: e for e in bfcl._entries("multi_turn_base")}
     answers = bfcl._answers("multi_turn_base")
@@ -150,7 +152,7 @@ def test_multi_turn_tasks_load_and_gold_passes(bfcl, category):
     for t in tasks:
         assert t.metadata["state_view_key"] == "world" and t.initial_state["log"] == []
         offered = {s.name for s in t.tools}
-        assert not offered & set(sum(t.metadata["missed_function"].values(), []))
+        assert not offered & {name for names in t.metadata["missed_function"].values() for name in names}
     assert all(r["valid"] for r in bfcl.verify_predictions(category, [bfcl.gold_prediction(t) for t in tasks]))
 
 
@@ -158,9 +160,9 @@ def test_multi_turn_tasks_load_and_gold_passes(bfcl, category):
 @pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
 def test_toolboxes_resolve_through_the_registry(bfcl):
     from dataengine.tools.registry import get_toolbox
+    from dataengine.types import Action
     from dataengine.verifiers import CompositeReward
     from dataengine.verifiers.report import execute
-    from dataengine.types import Action
 
     ast_box = get_toolbox("bfcl:simple_python")
     assert ast_box.tools["math.factorial"].fn(number=5) == {"name": "math.factorial", "arguments": {"number": 5}, "executed": False}

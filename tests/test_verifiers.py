@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from dataengine.types import Action, Episode, Gold, Message, Step, Task, ToolCall, ToolResult, ToolSpec
+from dataengine.types import (
+    Action,
+    Episode,
+    Gold,
+    Message,
+    Step,
+    Task,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+)
 from dataengine.verifiers import (
     ArgumentsVerifier,
     Cascade,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
     def bfcl_command(
         category: str = typer.Option(..., "--category", help="BFCL category, e.g. simple, parallel, live_multiple, multi_turn_base."),
         predictions: Path = typer.Option(..., "--predictions", help='JSONL: {"id": ..., "calls": [{"name": ..., "arguments": {...}}]} per line.'),
-        out: Optional[Path] = typer.Option(None, "--out", help="Write one {id, valid, reason} per line here (default: stdout)."),
+        out: Path | None = typer.Option(None, "--out", help="Write one {id, valid, reason} per line here (default: stdout)."),
     ) -> None:
         """Check predictions with BFCL's rules (AST semantics; end state for multi-turn) and print a summary."""
         from dataengine.external import MissingPackageError, bfcl
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         external: bool = typer.Option(True, "--external/--no-external", help="Include BFCL and tau2 when installed."),
         tau2_tasks: int = typer.Option(1, "--tau2-tasks", min=0, help="tau2 tasks per domain (each replays a 3-7 MB database)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the built-in suites' tasks."),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the rows as JSON here."),
+        json_out: Path | None = typer.Option(None, "--json", help="Also write the rows as JSON here."),
     ) -> None:
         """Run every verifier on gold and perturbed episodes; print agreement, precision and recall."""
         from rich.console import Console
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         sources = sorted({e.source for e in examples})
         table = Table("verifier", "n", "agreement", "precision(pass)", "recall(pass)", "n/a", "disagreements by kind",
                       title=f"{len(examples)} labelled episodes from {len(sources)} suites")
-        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"
         for r in rows:
             table.add_row(
                 r["verifier"], str(r["n"]), fmt(r["agreement"]), fmt(r["precision"]), fmt(r["recall"]), str(r["n_missing"]),

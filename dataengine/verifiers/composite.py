@@ -14,8 +14,9 @@ episode never out-scores a successful one (checked in RewardWeights.__post_init_
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -99,7 +100,7 @@ class Cascade:
         self.name = self.tiers[0].name
         self.version = "+".join(f"{t.name}@{t.version}" for t in self.tiers)
 
-    def _run(self, call) -> Verdict | None:  # noqa: ANN001 - call(tier) -> Verdict | None
+    def _run(self, call) -> Verdict | None:
         trail: list[dict[str, Any]] = []
         last: Verdict | None = None
         for tier in self.tiers:

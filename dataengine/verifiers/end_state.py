@@ -12,7 +12,8 @@ names the part to compare in task.metadata["state_view_key"].
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dataengine.types import Episode, Task, ToolCall, Verdict, stable_hash
 from dataengine.verifiers.base import not_applicable, verdict

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from dataengine.types import Action, Episode, Step, Task, ToolCall, ToolResult
 from dataengine.verifiers.base import is_stateful
