@@ -15,9 +15,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from dataengine.suites import generate_suite  # noqa: E402
-from dataengine.suites.gold import gold_turns  # noqa: E402
-from dataengine.train.data import TrainingDataError, as_training_data, load_training_data  # noqa: E402
+from dataengine.suites import generate_suite
+from dataengine.suites.gold import gold_turns
+from dataengine.train.data import (
+    TrainingDataError,
+    as_training_data,
+    load_training_data,
+)
 
 ADD_TOOL = {
     "type": "function",
@@ -140,6 +144,23 @@ def test_store_replay_drops_zero_variance_prompts(tmp_path):
     # p_success 0.0 and 1.0 go; 0.5 and unknown (null) stay.
     assert len(kept) == 2
     assert {json.loads(r["task_json"])["id"] for r in kept.rows} == {r["task_id"] for r in kept.rows}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "hf"])
+def test_store_exports_load_with_their_lineage(tmp_path, fmt):
+    from storage.export import export
+
+    store = _store_with_pairs_and_replay(tmp_path / "store")
+    out = tmp_path / f"pairs.{fmt}"
+    export(store, "pairs", out, format=fmt, include_logprobs=True)
+    data = load_training_data("preference", out, behaviour_ref=True)
+    assert len(data) == 3 and data.versions["pairs"] == store.version("pairs")
+    assert {r["ref_chosen_logps"] for r in data.rows} == {-20.0}
+    out = tmp_path / f"replay.{fmt}"
+    export(store, "replay", out, format=fmt)
+    prompts = load_training_data("prompt", out)
+    assert len(prompts) == 4 and prompts.versions["replay"] == store.version("replay")
+    assert prompts.rows[0]["prompt"][0]["role"] == "user"
 
 
 # ---- SFT label mask -----------------------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from dataengine.suites import generate_suite  # noqa: E402
-from dataengine.suites.gold import gold_turns  # noqa: E402
+from dataengine.suites import generate_suite
+from dataengine.suites.gold import gold_turns
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +66,8 @@ def scripted_bias(task) -> list:
 
 def test_grpo_rollouts_execute_tools_and_are_scored_by_the_verifiers(tmp_path):
     from dataengine.models import load_model
-    from dataengine.train.grpo import GRPOTrainConfig, train_grpo
     from dataengine.train.data import load_training_data
+    from dataengine.train.grpo import GRPOTrainConfig, train_grpo
     from storage.store import Store
 
     task = _one_call_task()
@@ -121,7 +121,7 @@ def test_cli_chain_dpo_then_grpo_registers_both_with_parents(tmp_path):
     from storage.store import Store
 
     task = _one_call_task()
-    call, answer = gold_turns(task)
+    call = gold_turns(task)[0]
     store = Store(tmp_path / "store")
     prompt = json.dumps([m.to_chat() for m in task.messages])
     store.append("pairs", [{"pair_id": "p0", "kind": "step", "task_id": task.id, "suite": task.suite,
@@ -150,7 +150,7 @@ def test_dpo_smoke_on_smollm2(tmp_path):
 
     rows = [{"prompt": [{"role": "user", "content": f"What is {17 + i} plus 25?"}],
              "chosen": [{"role": "assistant",
-                         "content": '<tool_call>{"name": "add", "arguments": {"a": %d, "b": 25}}</tool_call>' % (17 + i)}],
+                         "content": f'<tool_call>{{"name": "add", "arguments": {{"a": {17 + i}, "b": 25}}}}</tool_call>'}],
              "rejected": [{"role": "assistant", "content": "32"}], "tools": [ADD_TOOL]} for i in range(2)]
     config = DPOTrainConfig(init="smollm2", out_dir=str(tmp_path / "dpo"), max_steps=2, batch_size=1,
                             learning_rate=1e-5)

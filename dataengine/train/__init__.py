@@ -7,7 +7,11 @@ Heavy libraries (torch, TRL) are imported inside the functions.
 """
 
 from dataengine.train.base import TrainConfig
-from dataengine.train.checkpoint import CheckpointInfo, read_checkpoint_info, register_checkpoint
+from dataengine.train.checkpoint import (
+    CheckpointInfo,
+    read_checkpoint_info,
+    register_checkpoint,
+)
 from dataengine.train.data import TrainingData, TrainingDataError, load_training_data
 from dataengine.train.dpo import DPOTrainConfig, train_dpo
 from dataengine.train.grpo import GRPOTrainConfig, train_grpo

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,7 @@ def save_checkpoint(
         config=config,
         dataset_versions=dataset_versions,
         metrics=metrics,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     (out / CHECKPOINT_FILE).write_text(json.dumps(asdict(info), indent=1, sort_keys=True, default=str))
     return info

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataengine.train.base import TrainConfig, train_metrics
-from dataengine.train.checkpoint import CheckpointInfo, parent_model_id, register_checkpoint, save_checkpoint
+from dataengine.train.checkpoint import (
+    CheckpointInfo,
+    parent_model_id,
+    register_checkpoint,
+    save_checkpoint,
+)
 from dataengine.train.data import TrainingData, as_training_data
 
 log = logging.getLogger(__name__)

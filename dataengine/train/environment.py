@@ -17,7 +17,8 @@ from __future__ import annotations
 import inspect
 import logging
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dataengine.tools.registry import Tool, Toolbox, get_toolbox
 from dataengine.types import Action, Episode, Task, ToolCall
@@ -57,7 +58,6 @@ class ToolEnvironment:
                 f"task {task.id} uses toolbox {task.toolbox!r} but was routed to the {self.toolbox_name!r} environment"
             )
         self._state = self._tool_env.reset(task)
-        return None
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
         """Run one tool call as one ToolEnv step; the observation text is the tool turn."""

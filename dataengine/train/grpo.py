@@ -18,11 +18,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dataengine.train.base import TrainConfig, train_metrics
-from dataengine.train.checkpoint import CheckpointInfo, parent_model_id, register_checkpoint, save_checkpoint
+from dataengine.train.checkpoint import (
+    CheckpointInfo,
+    parent_model_id,
+    register_checkpoint,
+    save_checkpoint,
+)
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.environment import environment_factories, final_reply
 
