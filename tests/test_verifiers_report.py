@@ -82,3 +82,21 @@ def test_cli_report(tmp_path):
     assert "agreement" in result.output and "final_answer" in result.output
     data = json.loads(out.read_text())
     assert data["examples"] > 20 and {r["verifier"] for r in data["rows"]} >= {"format", "success"}
+
+
+def test_judges_are_calibrated_against_success_labels(builtin_rows):
+    """A model-based tier enters through `judges`; a rule stand-in exercises the path here."""
+    from dataengine.verifiers import FinalAnswerVerifier
+
+    class AnswerOnlyJudge:
+        name, version = "answer_only_judge", "test"
+
+        def verify(self, episode):
+            return FinalAnswerVerifier().verify(episode)
+
+    examples, _ = builtin_rows
+    rows = {r["verifier"]: r for r in calibrate(examples, judges=[AnswerOnlyJudge()], judge_limit=30)}
+    judge = rows["answer_only_judge"]
+    assert 0 < judge["n"] + judge["n_missing"] <= 30
+    # it ignores the "when" axis and end states, so it must disagree with some success labels
+    assert judge["agreement"] < 1.0 and judge["disagreements"]

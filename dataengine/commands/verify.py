@@ -83,6 +83,8 @@ def register(app: typer.Typer) -> None:
         tau2_tasks: int = typer.Option(1, "--tau2-tasks", min=0, help="tau2 tasks per domain (each replays a 3-7 MB database)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the built-in suites' tasks."),
         json_out: Path | None = typer.Option(None, "--json", help="Also write the rows as JSON here."),
+        judge: str | None = typer.Option(None, "--judge", help="Also calibrate an LLM judge on this model (e.g. smollm2) against the success labels."),
+        judge_limit: int = typer.Option(40, "--judge-limit", min=1, help="Episodes the judge grades (one forward pass each)."),
     ) -> None:
         """Run every verifier on gold and perturbed episodes; print agreement, precision and recall."""
         from rich.console import Console
@@ -91,7 +93,13 @@ def register(app: typer.Typer) -> None:
         from dataengine.verifiers.report import calibrate, calibration_set
 
         examples = calibration_set(per_suite=per_suite, external=external, tau2_tasks=tau2_tasks, seed=seed)
-        rows = calibrate(examples)
+        judges = []
+        if judge is not None:
+            from dataengine.policy import make_policy
+            from dataengine.verifiers.model_based import LLMJudge
+
+            judges.append(LLMJudge(make_policy("hf", judge)))
+        rows = calibrate(examples, judges=judges, judge_limit=judge_limit)
         sources = sorted({e.source for e in examples})
         table = Table("verifier", "n", "agreement", "precision(pass)", "recall(pass)", "n/a", "disagreements by kind",
                       title=f"{len(examples)} labelled episodes from {len(sources)} suites")

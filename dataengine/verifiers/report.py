@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,8 +255,19 @@ class VerifierStats:
         }
 
 
-def calibrate(examples: Iterable[Labelled], reward: CompositeReward | None = None) -> list[dict[str, Any]]:
-    """Run every verifier (and the composite success) on labelled episodes; one row per verifier."""
+def calibrate(
+    examples: Iterable[Labelled],
+    reward: CompositeReward | None = None,
+    judges: Sequence[Any] = (),
+    judge_limit: int = 40,
+) -> list[dict[str, Any]]:
+    """Run every verifier (and the composite success) on labelled episodes; one row per verifier.
+
+    judges: extra verifiers (an LLM judge, a reward model) whose verdict is compared with the
+        "success" label; they run on at most `judge_limit` examples, evenly spaced over the
+        labelled ones, because each costs a model forward pass.
+    """
+    examples = list(examples)
     reward = reward or CompositeReward()
     stats: dict[str, VerifierStats] = {}
     for ex in examples:
@@ -265,6 +276,13 @@ def calibrate(examples: Iterable[Labelled], reward: CompositeReward | None = Non
         verdicts["success"] = result.success
         for name, label in ex.labels.items():
             stats.setdefault(name, VerifierStats(name)).add(f"{ex.source}:{ex.kind}", verdicts.get(name), label)
+    graded = [ex for ex in examples if "success" in ex.labels]
+    if judges and graded:
+        step = max(1, len(graded) // max(1, judge_limit))
+        for ex in graded[::step][:judge_limit]:
+            for judge in judges:
+                v = judge.verify(ex.episode)
+                stats.setdefault(judge.name, VerifierStats(judge.name)).add(f"{ex.source}:{ex.kind}", v.passed, ex.labels["success"])
     return [stats[k].row() for k in sorted(stats)]
 
 
