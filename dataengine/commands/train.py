@@ -157,30 +157,28 @@ def chain_command(
     max_completion_length: int = typer.Option(128, "--max-completion-length", help="GRPO token budget per rollout."),
 ) -> None:
     """Offline DPO, then (optionally) SFT, then online GRPO, each from the previous checkpoint."""
-    from dataengine.train.dpo import DPOTrainConfig, train_dpo
-    from dataengine.train.grpo import GRPOTrainConfig, train_grpo
-    from dataengine.train.sft import SFTTrainConfig, train_sft
+    from dataengine.train.chain import train_chain
+    from dataengine.train.data import TrainingDataError
+    from dataengine.train.dpo import DPOTrainConfig
+    from dataengine.train.grpo import GRPOTrainConfig
+    from dataengine.train.sft import SFTTrainConfig
 
     order = [s.strip() for s in stages.split(",") if s.strip()]
-    unknown = [s for s in order if s not in ("dpo", "sft", "grpo")]
-    if unknown or not order:
-        raise typer.BadParameter(f"--stages takes dpo, sft, grpo; got {stages!r}")
-    st = _open_store(store)
-    current = init
-    for stage in order:
-        common = dict(init=current, out_dir=str(out / stage), max_steps=steps, lora=lora, seed=seed, device=device)
-        if stage == "dpo":
-            rows = _load("preference", None, st, behaviour_ref=behaviour_ref, limit=limit)
-            info = train_dpo(DPOTrainConfig(**common, behaviour_ref=behaviour_ref), rows, store=st)
-        elif stage == "sft":
-            info = train_sft(SFTTrainConfig(**common), _load("sft", None, st, limit=limit), store=st)
-        else:
-            rows = _load("prompt", None, st, drop_zero_variance=True, limit=limit)
-            config = GRPOTrainConfig(**common, batch_size=num_generations, num_generations=num_generations,
-                                     max_completion_length=max_completion_length)
-            info = train_grpo(config, rows, store=st)
+    if not order or any(s not in ("dpo", "sft", "grpo") for s in order):
+        raise typer.BadParameter(f"--stages takes dpo, sft, grpo (comma-separated); got {stages!r}")
+    common = dict(max_steps=steps, lora=lora, seed=seed, device=device)
+    try:
+        infos = train_chain(
+            _open_store(store), init=init, out_dir=out, stages=order,
+            dpo=DPOTrainConfig(**common, behaviour_ref=behaviour_ref), sft=SFTTrainConfig(**common),
+            grpo=GRPOTrainConfig(**common, batch_size=num_generations, num_generations=num_generations,
+                                 max_completion_length=max_completion_length),
+            limit=limit,
+        )
+    except TrainingDataError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    for info in infos:
         _report(info)
-        current = info.path
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from dataengine.train.checkpoint import (
     read_checkpoint_info,
     register_checkpoint,
 )
+from dataengine.train.chain import train_chain
 from dataengine.train.data import TrainingData, TrainingDataError, load_training_data
 from dataengine.train.dpo import DPOTrainConfig, train_dpo
 from dataengine.train.grpo import GRPOTrainConfig, train_grpo
@@ -28,6 +29,7 @@ __all__ = [
     "load_training_data",
     "read_checkpoint_info",
     "register_checkpoint",
+    "train_chain",
     "train_dpo",
     "train_grpo",
     "train_sft",
