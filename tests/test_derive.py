@@ -255,3 +255,27 @@ def test_derive_bad_input(store, tmp_path):
     empty.append("trajectories", tree_trajectories(), run_id=RUN, shard_id="s0")
     with pytest.raises(ValueError, match="no nodes table"):
         derive(empty, ["step-pairs"], run_ids=[RUN])
+
+
+@pytest.mark.slow
+def test_derive_reads_real_search_rows(tmp_path):
+    """The columns the search writes are the ones derivation reads (tiny model, two trees)."""
+    from dataengine.config import EngineConfig
+    from dataengine.search import generate
+
+    config = EngineConfig(
+        store=str(tmp_path / "store"), num_tasks=2, shard_size=2, env={"max_steps": 2},
+        policy={"model": "tiny", "max_new_tokens": 8, "device": "cpu"},
+        search={"num_simulations": 4, "num_actions": 2, "max_depth": 2, "value": "zero", "trees_per_batch": 2},
+    )
+    summary = generate(config, method="mcts", run_id="real", progress=False)
+    store = Store(tmp_path / "store")
+    results = derive(store, run_ids=["real"], options=DeriveOptions(margin=0.0, replay_min_samples=1))
+    assert [r.kind for r in results] == ["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]
+    # The tiny model solves nothing: no success means no SFT rows and no trajectory pairs.
+    counts = {r.kind: r.rows for r in results}
+    assert summary.successes == 0 and counts["sft"] == 0 and counts["trajectory-pairs"] == 0
+    pairs = store.pairs().collect()
+    for row in pairs.to_dicts():
+        assert row["chosen_value"] - row["rejected_value"] == pytest.approx(row["margin"])
+        assert json.loads(row["prompt_json"])[0]["role"] == "user"
