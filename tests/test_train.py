@@ -310,6 +310,31 @@ def test_environment_runs_tools_in_the_sandbox_and_reward_scores_episodes(tool_e
     assert metrics["verifier/success_rate"] == pytest.approx(1 / 3)
 
 
+def test_parallel_calls_of_one_reply_become_one_step(tool_env):
+    from dataengine.tools.registry import get_toolbox
+    from dataengine.train.environment import environment_class, final_reply, regroup_turns
+
+    task = next(t for t in generate_suite("arithmetic", 6, 0, seed=1) if len(t.gold.calls) == 1)
+    call = task.gold.calls[0]
+    env = environment_class(get_toolbox(task.toolbox))(tool_env)
+    env.reset(task_json=task.model_dump_json())
+    for _ in range(2):  # TRL runs the two calls of one reply one after the other
+        getattr(env, call.name)(**call.arguments)
+    trl_call = {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    completion = [
+        {"role": "assistant", "content": "Let me compute it twice.", "tool_calls": [trl_call, trl_call]},
+        {"role": "tool", "content": "?"}, {"role": "tool", "content": "?"},
+        {"role": "assistant", "content": task.gold.answer},
+    ]
+    raw = env._episode(final_reply(completion))
+    assert len(raw.steps) == 3
+    episode = regroup_turns(raw, completion)
+    assert [len(s.action.tool_calls) for s in episode.steps] == [2, 0]
+    assert episode.steps[0].action.thought == "Let me compute it twice."
+    assert len(episode.steps[0].results) == 2 and episode.final_answer == task.gold.answer
+    assert episode.done
+
+
 def test_environment_refuses_a_task_of_another_toolbox(tool_env):
     from dataengine.tools.registry import get_toolbox
     from dataengine.train.environment import environment_class

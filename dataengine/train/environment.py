@@ -188,6 +188,40 @@ def environment_factories(toolbox_names: list[str], tool_env: Any) -> dict[str, 
     return factories
 
 
+def regroup_turns(episode: Episode, completion: list[dict[str, Any]]) -> Episode:
+    """The episode with one step per assistant turn, as search records it.
+
+    The environment runs each tool call as its own ToolEnv step (TRL calls tools one at a time);
+    this merges the calls of one assistant reply (parallel calls) back into one step and keeps the
+    text the model wrote before its calls as the step's thought. Left as is when the completion
+    and the episode disagree on the number of calls (e.g. calls refused after the step budget).
+    """
+    from dataengine.parsing import render_tool_calls
+    from dataengine.types import Step
+
+    turns = [m for m in completion if m.get("role") == "assistant" and m.get("tool_calls")]
+    call_steps = [step for step in episode.steps if step.action.tool_calls]
+    sizes = [len(m["tool_calls"]) for m in turns]
+    if sum(sizes) != len(call_steps) or not any(n > 1 or m.get("content") for n, m in zip(sizes, turns)):
+        return episode
+    steps, position = [], 0
+    for turn, size in zip(turns, sizes):
+        group = call_steps[position : position + size]
+        position += size
+        calls = [call for step in group for call in step.action.tool_calls]
+        thought = (turn.get("content") or "").strip() or None
+        text = ((thought + "\n") if thought else "") + render_tool_calls(calls)
+        steps.append(
+            Step(
+                action=Action(text=text, thought=thought, tool_calls=calls),
+                observations=[m for step in group for m in step.observations],
+                results=[r for step in group for r in step.results],
+            )
+        )
+    steps += [step for step in episode.steps if not step.action.tool_calls]
+    return episode.model_copy(update={"steps": steps})
+
+
 def final_reply(completion: list[dict[str, Any]]) -> str | None:
     """The final answer text of a rollout: the last assistant message when it made no tool call
     (TRL's parsed completion: assistant and tool messages), else None (the rollout was cut)."""

@@ -30,7 +30,7 @@ from dataengine.train.checkpoint import (
     save_checkpoint,
 )
 from dataengine.train.data import TrainingData, as_training_data
-from dataengine.train.environment import environment_factories, final_reply
+from dataengine.train.environment import environment_factories, final_reply, regroup_turns
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def verifier_reward(composite: Any) -> Callable[..., list[float]]:
             raise RuntimeError("verifier_reward needs GRPOTrainer(environment_factory=...) environments")
         rewards, successes, calls = [], [], []
         for completion, environment in zip(completions, environments, strict=True):
-            episode = environment._episode(final_reply(completion))
+            episode = regroup_turns(environment._episode(final_reply(completion)), completion)
             result = composite.score(episode)
             rewards.append(float(result.reward))
             successes.append(float(result.success))
