@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "store",
     "policy",
     "generate",
+    "derive_eval",
     "train",
     "flows",
 ]
