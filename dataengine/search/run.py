@@ -403,7 +403,9 @@ def generate(
     started = time.perf_counter()
     summary = GenerateSummary(run_id=run_id, method=method, store=str(store.root) if store else None)
     parts = shards(tasks, config.shard_size)
+    store_started = time.perf_counter()
     committed = store.committed_shards("tasks", run_id) if store else set()
+    summary.store_seconds += time.perf_counter() - store_started
     todo = [(i, sid, part) for i, (sid, part) in enumerate(parts) if sid not in committed]
     summary.shards_skipped = len(parts) - len(todo)
     if not todo:
@@ -431,6 +433,7 @@ def generate(
         reward = make_reward(config, env)
         model_before = policy.stats.seconds
         if store:
+            store_started = time.perf_counter()
             store.record_run(
                 run_id,
                 kind="generate",
@@ -441,6 +444,7 @@ def generate(
                 seed=config.seed,
                 source_versions=store.table_versions(),
             )
+            summary.store_seconds += time.perf_counter() - store_started
         bar = _Progress(len(tasks) - sum(len(p) for sid, p in parts if sid in committed), method, enabled=progress)
         with bar:
             for index, shard_id, part in todo:
