@@ -41,6 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny run (2 tasks, small budget)")
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--suite", default="arithmetic", help="suite searched (notool: tasks SmolLM2 can solve without tools)")
     parser.add_argument("--tasks", type=int, default=6)
     parser.add_argument("--budget", type=int, default=600, help="generated tokens per task, both methods")
     parser.add_argument("--sims", type=int, default=32, help="MCTS simulations per tree (the budget usually ends first)")
@@ -70,15 +71,15 @@ def main() -> None:
         search__max_depth=4,
         env__max_steps=4,
     )
-    # One-step and two-step problems: what SmolLM2 can solve with tools at all.
-    tasks = [t for t in generate_suite("arithmetic", n_train=8 * args.tasks, n_heldout=0, seed=args.seed) if len(t.gold.calls) <= 2]
+    # One-call problems (and tool-free ones): the ones SmolLM2 can solve at all.
+    tasks = [t for t in generate_suite(args.suite, n_train=8 * args.tasks, n_heldout=0, seed=args.seed) if len(t.gold.calls) <= 1]
     tasks = tasks[: args.tasks]
     start = time.perf_counter()
     policy = make_policy_from_config(cfg)
     print(f"model {policy.model_id} loaded in {time.perf_counter() - start:.1f} s; {len(tasks)} tasks, "
-          f"{args.budget} generated tokens per task, K={args.k}, {args.algorithm}, value={args.value}")
+          f"{args.suite}, {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, value={args.value}")
     results = {}
-    with tempfile.TemporaryDirectory() as tmp, Sandbox(workers=2, preload=["arithmetic"]) as sandbox:
+    with tempfile.TemporaryDirectory() as tmp, Sandbox(workers=2, preload=sorted({t.toolbox for t in tasks})) as sandbox:
         env = ToolEnv(sandbox, max_steps=cfg.env.max_steps)
         sandbox.wait_ready()
         store = Store(Path(tmp) / "store")
