@@ -18,7 +18,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
 from dataengine.config import EngineConfig, Section
-from flows.datasets import DERIVED, derive_flow, export_flow
+from flows.derived import DERIVED, derive_flow, export_flow
 from flows.evaluate import evaluate_flow
 from flows.generate import generate_flow
 from flows.runtime import RuntimeConfig, artifact_key, make_task_runner

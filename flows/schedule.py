@@ -42,6 +42,7 @@ def deployment_for(name: str, cron: str, config: EngineConfig, *, method: str = 
                    runtime: RuntimeConfig | None = None, paused: bool = False) -> Any:
     """A RunnerDeployment of the generate flow named `name` with a cron schedule."""
     from prefect.schedules import Cron
+    from prefect.types.entrypoint import EntrypointType
 
     from flows.generate import generate_flow
 
@@ -52,6 +53,8 @@ def deployment_for(name: str, cron: str, config: EngineConfig, *, method: str = 
     return generate_flow.to_deployment(
         name=name,
         schedule=schedule,
+        # A module path: a file path would put flows/ itself on sys.path, where its modules shadow others.
+        entrypoint_type=EntrypointType.MODULE_PATH,
         paused=paused,
         tags=[TAG],
         parameters={"config": config.model_dump(mode="json"), "method": method, "vary_seed": vary_seed,
@@ -130,6 +133,8 @@ def delete_schedule(name: str) -> None:
 def stored_deployments(names: list[str] | None = None) -> list[Any]:
     """RunnerDeployments rebuilt from the server's dataengine deployments (same name, cron,
     parameters and paused state), for `serve`."""
+    from prefect.types.entrypoint import EntrypointType
+
     from flows.generate import generate_flow
 
     with _client() as client:
@@ -141,5 +146,6 @@ def stored_deployments(names: list[str] | None = None) -> list[Any]:
             d = _deployment(client, name)
             out.append(generate_flow.to_deployment(
                 name=d.name, schedules=[s.schedule for s in d.schedules or []], paused=bool(d.paused),
+                entrypoint_type=EntrypointType.MODULE_PATH,
                 parameters=d.parameters or {}, tags=list(d.tags or [TAG]), description=d.description))
     return out

@@ -105,7 +105,7 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     one step) -> checkpoint registered; a rerun finds the checkpoint and does not train again."""
     import json
 
-    from flows.datasets import export_flow
+    from flows.derived import export_flow
     from flows.train import TrainSettings, train_dpo_flow
     from storage import Store
 
