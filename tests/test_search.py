@@ -299,3 +299,16 @@ def test_smollm2_search_calls_tools(env):
     assert calls and any(not r["observation"].startswith("Error") for r in calls)
     assert all(r["num_tokens"] <= 48 for r in nodes if r["num_tokens"] is not None)
     assert len(trajs) == sum(r["terminal"] for r in nodes)
+
+
+def test_rollout_values_are_charged_to_the_budget(env, tiny, tasks):
+    cfg = config(search__num_simulations=2, search__value="rollout")
+    calls, tokens = tiny.stats.calls, tiny.stats.generated_tokens
+    batch = search_batch(tasks[:2], policy=tiny, env=env, reward=make_reward(cfg, env), config=cfg, seed=0, rollouts=2)
+    # Roots: one call for their K candidates, one for 2 rollouts each (the tiny model answers
+    # at once, so each rollout is one wrong final answer: the shaping reward only).
+    assert tiny.stats.calls - calls == 2
+    assert batch.budget.total == tiny.stats.generated_tokens - tokens
+    for b in range(2):
+        root = batch.table[b]
+        assert root.value_estimate is not None and 0.0 < root.value_estimate < 0.2
