@@ -40,7 +40,7 @@ def config(store, **overrides):
         "shard_size": 2,
         "policy__model": "tiny",
         "policy__device": "cpu",
-        "policy__max_new_tokens": 6,
+        "policy__max_new_tokens": 4,
         "search__num_simulations": 3,
         "search__num_actions": 2,
         "search__value": "zero",
@@ -89,7 +89,7 @@ def test_best_of_n_and_greedy_charge_the_budget(env, tiny, tasks):
     reward = make_reward(cfg, env)
     budget = TokenBudget.for_tasks(2, 10_000)
     before = tiny.stats.generated_tokens
-    common = {"policy": tiny, "env": env, "reward": reward, "max_steps": 3, "max_new_tokens": 6, "top_p": 1.0, "seed": 0}
+    common = {"policy": tiny, "env": env, "reward": reward, "max_steps": 3, "max_new_tokens": 4, "top_p": 1.0, "seed": 0}
     eps = play_episodes(tasks[:2], n=3, wave=2, temperature=1.0, budget=budget, **common)
     assert [(e.task_index, e.number) for e in eps] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     # Waves of 2 then 1 episode per task: every sampled token is charged.

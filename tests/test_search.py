@@ -82,7 +82,7 @@ def config(**overrides):
     base = {
         'policy__model': "tiny",
         'policy__device': "cpu",
-        'policy__max_new_tokens': 8,
+        'policy__max_new_tokens': 4,
         'search__num_simulations': 4,
         'search__num_actions': 3,
         'search__value': "zero",
