@@ -3,6 +3,7 @@ skips committed shards, retries of transient errors, derive and export."""
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 
 from dataengine.config import EngineConfig
@@ -48,6 +49,16 @@ def test_generate_then_rerun_skips_committed_shards(tmp_path):
     assert store.version("nodes") == nodes_version + 1
     counts = store.tasks().collect().group_by("shard_id").len()
     assert sorted(counts["len"].to_list()) == [2, 2, 2]
+
+    # Rescore: the same verifiers over replayed episodes give the same rewards, shard by shard.
+    from flows.derived import rescore_flow
+
+    rescored = rescore_flow(config=tiny_config(tmp_path / "store", num_tasks=6), run_id="g1")
+    assert rescored["run_id"] == "g1/rescore" and len(rescored["shards"]) == 3
+    assert sum(s["trajectories"] for s in rescored["shards"]) == store.trajectories().filter(
+        pl.col("run_id") == "g1").collect().height
+    assert all(s["changed"] == 0 for s in rescored["shards"])
+    assert rescore_flow(config=tiny_config(tmp_path / "store", num_tasks=6), run_id="g1")["skipped"] == 3
 
 
 def test_transient_classification():
