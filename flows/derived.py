@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,14 +48,18 @@ def rows_markdown(title: str, rows: list[dict[str, Any]], columns: list[str]) ->
 @flow(name="derive", log_prints=True)
 def derive_flow(
     store: str = "runs/store",
-    run_ids: list[str] = [],  # noqa: B006 - Prefect parameters need a JSON default
+    run_ids: list[str] | None = None,
     out_run_id: str | None = None,
-    kinds: list[Literal["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]] = list(DERIVED),
-    derive: DeriveConfig = DeriveConfig(),
+    kinds: list[Literal["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]] | None = None,
+    derive: DeriveConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Derive step pairs, trajectory pairs, SFT, recovery splices and GRPO replay prompts from
-    the trees of `run_ids`, written to the store with lineage (source table versions)."""
-    results = derive_task(store, list(run_ids), out_run_id, list(kinds), derive)
+    the trees of `run_ids` (None: every run, then give out_run_id), written to the store with
+    lineage (source table versions). kinds None: all; derive None: DeriveConfig defaults."""
+    run_ids = list(run_ids or [])
+    kinds = list(kinds or DERIVED)
+    derive = derive or DeriveConfig()
+    results = derive_task(store, run_ids, out_run_id, kinds, derive)
     create_markdown_artifact(
         key=artifact_key("derive", *(run_ids or ["all"])),
         markdown=rows_markdown(f"derive {', '.join(run_ids) or 'all runs'}", results,
@@ -78,12 +81,10 @@ def export_work(store: str, kind: str, out: str, fmt: str, run_ids: list[str] | 
     if not s.has_table(kind):
         return {"kind": kind, "path": None, "rows": 0}
     filters = ExportFilters(run_ids=list(run_ids) if run_ids else None)
-    try:
-        result = export(s, kind, out, format=fmt, filters=filters, include_logprobs=include_logprobs)
-    except Exception as exc:  # an empty selection cannot be written (no message columns to infer)
-        if _selected_rows(s, kind, run_ids) == 0:
-            return {"kind": kind, "path": None, "rows": 0}
-        raise exc
+    # An empty selection is not written: an empty file would fail the trainer later, less clearly.
+    if _selected_rows(s, kind, run_ids) == 0:
+        return {"kind": kind, "path": None, "rows": 0}
+    result = export(s, kind, out, format=fmt, filters=filters, include_logprobs=include_logprobs)
     if result.rows == 0:
         return {"kind": kind, "path": None, "rows": 0}
     return {"kind": kind, "path": result.path, "rows": result.rows, "dedup": result.dedup,
@@ -108,13 +109,16 @@ def export_task(store: str, kind: str, out: str, fmt: str, run_ids: list[str] | 
 def export_flow(
     store: str = "runs/store",
     out_dir: str = "runs/datasets",
-    kinds: list[Literal["pairs", "sft", "replay"]] = list(EXPORTS),
-    run_ids: list[str] = [],  # noqa: B006 - Prefect parameters need a JSON default
+    kinds: list[Literal["pairs", "sft", "replay"]] | None = None,
+    run_ids: list[str] | None = None,
     format: Literal["parquet", "jsonl", "hf"] = "parquet",
     include_logprobs: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Export the derived tables in TRL formats (pairs: preference, sft: messages, replay:
-    prompt-only) to `out_dir/<kind>.<format>`, each with its lineage file."""
+    prompt-only) to `out_dir/<kind>.<format>`, each with its lineage file; kinds None: all
+    three; run_ids None: every run."""
+    kinds = list(kinds or EXPORTS)
+    run_ids = list(run_ids or [])
     suffix = {"parquet": ".parquet", "jsonl": ".jsonl", "hf": ""}[format]
     futures = {k: export_task.submit(store, k, str(Path(out_dir) / f"{k}{suffix}"), format, list(run_ids) or None,
                                      include_logprobs and k == "pairs")
@@ -181,10 +185,10 @@ def rescore_shard(config: EngineConfig, run_id: str, shard_id: str, out_run_id: 
 
 @flow(name="rescore", log_prints=True)
 def rescore_flow(
-    config: EngineConfig = EngineConfig(),
+    config: EngineConfig | None = None,
     run_id: str = "",
     out_run_id: str | None = None,
-    runtime: RuntimeConfig = RuntimeConfig(),
+    runtime: RuntimeConfig | None = None,
 ) -> dict[str, Any]:
     """Re-run the verifiers (config.reward) over every trajectory of `run_id`, one task per
     shard, writing run `out_run_id` (default `<run_id>/rescore`); committed shards are skipped."""
@@ -194,6 +198,7 @@ def rescore_flow(
 
     if not run_id:
         raise ValueError("rescore needs the run_id of a stored run")
+    config, runtime = config or EngineConfig(), runtime or RuntimeConfig()
     out_run_id = out_run_id or f"{run_id}/rescore"
     store = Store(config.store, create=False)
     shard_ids = sorted(store.trajectories().filter(pl.col("run_id") == run_id).select("shard_id").unique()

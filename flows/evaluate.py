@@ -69,13 +69,14 @@ def evaluation_markdown(run_id: str, results: list[dict[str, Any]]) -> str:
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(
-    config: EngineConfig = EngineConfig(),
+    config: EngineConfig | None = None,
     num_tasks: int = 8,
     run_id: str = "evaluate",
     k: int = 0,
-    runtime: RuntimeConfig = RuntimeConfig(),
+    runtime: RuntimeConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate config.policy.model on `num_tasks` held-out tasks of every suite in config.suites."""
+    config, runtime = config or EngineConfig(), runtime or RuntimeConfig()
     ensure_accelerator_limit(runtime.accelerator_slots)
     suite_task = evaluate_suite.with_options(**shard_options(runtime))
     results = [f.result() for f in [suite_task.submit(config, s, num_tasks, run_id, k) for s in config.suites]]

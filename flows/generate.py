@@ -21,8 +21,8 @@ from flows.runtime import (
     RuntimeConfig,
     accelerator_slot,
     artifact_key,
-    env_for,
     ensure_accelerator_limit,
+    env_for,
     make_task_runner,
     policy_for,
     ray_options,
@@ -122,11 +122,11 @@ def default_run_id(config: EngineConfig, method: str) -> str:
 
 @flow(name="generate", flow_run_name="generate {method}", log_prints=True)
 def generate_flow(
-    config: EngineConfig = EngineConfig(),
+    config: EngineConfig | None = None,
     method: Method = "mcts",
     run_id: str | None = None,
     n: int | None = None,
-    runtime: RuntimeConfig = RuntimeConfig(),
+    runtime: RuntimeConfig | None = None,
     vary_seed: bool = False,
 ) -> dict[str, Any]:
     """Search every shard of `config`'s tasks into `config.store` as run `run_id` (default: a
@@ -135,6 +135,7 @@ def generate_flow(
     Returns {run_id, shards: [...], skipped, store}."""
     from storage import Store
 
+    config, runtime = config or EngineConfig(), runtime or RuntimeConfig()
     config, run_id = scheduled_run(config, run_id, vary_seed)
     run_id = run_id or default_run_id(config, method)
     store = Store(config.store)

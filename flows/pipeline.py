@@ -22,7 +22,13 @@ from flows.derived import DERIVED, derive_flow, export_flow
 from flows.evaluate import evaluate_flow
 from flows.generate import generate_flow
 from flows.runtime import RuntimeConfig, artifact_key, make_task_runner
-from flows.train import DATASET, TrainSettings, train_dpo_flow, train_grpo_flow, train_sft_flow
+from flows.train import (
+    DATASET,
+    TrainSettings,
+    train_dpo_flow,
+    train_grpo_flow,
+    train_sft_flow,
+)
 
 TRAIN_FLOWS = {"dpo": train_dpo_flow, "sft": train_sft_flow, "grpo": train_grpo_flow}
 
@@ -83,9 +89,10 @@ def success_table(evals: list[tuple[int, str, dict[str, tuple[float, float, floa
 
 
 @flow(name="pipeline", flow_run_name="pipeline {config.run_id}", log_prints=True)
-def pipeline_flow(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
+def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
     """Rounds of generate -> derive -> export -> train -> evaluate (module docstring); returns
     {run_id, store, rounds: [...], evals: [(round, model, {suite: greedy})], model, seconds}."""
+    config = config or PipelineConfig()
     from storage import Store
 
     start = time.perf_counter()

@@ -12,8 +12,9 @@ import atexit
 import os
 import re
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -70,12 +71,12 @@ def backoff(runtime: RuntimeConfig) -> list[float]:
 
 def shard_options(runtime: RuntimeConfig) -> dict[str, Any]:
     """Task options of a shard task: retries with exponential backoff on transient errors."""
-    return dict(
-        retries=runtime.retries,
-        retry_delay_seconds=backoff(runtime) or 0,
-        retry_jitter_factor=0.2,
-        retry_condition_fn=retry_if_transient,
-    )
+    return {
+        "retries": runtime.retries,
+        "retry_delay_seconds": backoff(runtime) or 0,
+        "retry_jitter_factor": 0.2,
+        "retry_condition_fn": retry_if_transient,
+    }
 
 
 def make_task_runner(runtime: RuntimeConfig) -> Any:

@@ -48,10 +48,11 @@ def trainer_config(kind: str, settings: TrainSettings, *, init: str, out_dir: st
     from dataengine.train import DPOTrainConfig, GRPOTrainConfig, SFTTrainConfig
 
     cls = {"dpo": DPOTrainConfig, "sft": SFTTrainConfig, "grpo": GRPOTrainConfig}[kind]
-    values: dict[str, Any] = dict(init=init, out_dir=out_dir, run_id=run_id, max_steps=settings.max_steps,
-                                  num_train_epochs=settings.num_train_epochs, max_length=settings.max_length,
-                                  lora=settings.lora, lora_rank=settings.lora_rank, device=settings.device,
-                                  seed=settings.seed)
+    values: dict[str, Any] = {
+        "init": init, "out_dir": out_dir, "run_id": run_id, "max_steps": settings.max_steps,
+        "num_train_epochs": settings.num_train_epochs, "max_length": settings.max_length, "lora": settings.lora,
+        "lora_rank": settings.lora_rank, "device": settings.device, "seed": settings.seed,
+    }
     if settings.learning_rate is not None:
         values["learning_rate"] = settings.learning_rate
     if settings.batch_size is not None:
@@ -76,7 +77,14 @@ def train_work(kind: str, data: str, settings: TrainSettings, *, init: str, out_
     Returns the CheckpointInfo as a dict plus `resumed`."""
     from dataclasses import asdict
 
-    from dataengine.train import load_training_data, read_checkpoint_info, register_checkpoint, train_dpo, train_grpo, train_sft
+    from dataengine.train import (
+        load_training_data,
+        read_checkpoint_info,
+        register_checkpoint,
+        train_dpo,
+        train_grpo,
+        train_sft,
+    )
     from storage import Store
 
     if kind not in DATASET:
@@ -124,9 +132,10 @@ def _train_flow(kind: str):
         out_dir: str = f"runs/checkpoints/{kind}",
         store: str | None = "runs/store",
         run_id: str | None = None,
-        settings: TrainSettings = TrainSettings(),
+        settings: TrainSettings | None = None,
         accelerator_slots: int = 1,
     ) -> dict[str, Any]:
+        settings = settings or TrainSettings()
         if not Path(data).exists():
             raise ValueError(f"dataset {data} does not exist; export it first (dataengine store export or the export flow)")
         ensure_accelerator_limit(accelerator_slots)

@@ -133,8 +133,8 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     assert exported["pairs"]["rows"] == 1  # two equal pairs: exact dedup keeps one; run "other" left out
     assert exported["sft"]["rows"] == 0 and exported["sft"]["path"] is None
     settings = TrainSettings(max_steps=1, batch_size=1, max_length=128, device="cpu")
-    args = dict(data=exported["pairs"]["path"], init="tiny", out_dir=str(tmp_path / "ckpt"), store=str(store.root),
-                run_id="p/r1", settings=settings)
+    args = {"data": exported["pairs"]["path"], "init": "tiny", "out_dir": str(tmp_path / "ckpt"),
+            "store": str(store.root), "run_id": "p/r1", "settings": settings}
     info = train_dpo_flow(**args)
     assert info["kind"] == "dpo" and not info["resumed"]
     assert store.models().collect()["model_id"].to_list() == [info["model_id"]]

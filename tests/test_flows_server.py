@@ -45,14 +45,19 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> No
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`prefect server start` on a free port with a private PREFECT_HOME; PREFECT_API_URL set."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_HOME,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
 
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": url}
-    log = open(home / "server.log", "w")
+    log = open(home / "server.log", "w")  # noqa: SIM115 - the server writes it until teardown
     proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -112,8 +117,9 @@ def test_schedule_create_list_pause_serve_delete(server, tmp_path):
 
     # Serve it from the CLI in another process; a run requested now is executed there.
     env = {**server["env"], "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
-    serving = subprocess.Popen([str(BIN / "dataengine"), "schedule", "serve", "hourly-test"], cwd=ROOT, env=env,
-                               stdout=open(tmp_path / "serve.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "serve.log", "w") as log:
+        serving = subprocess.Popen([str(BIN / "dataengine"), "schedule", "serve", "hourly-test"], cwd=ROOT, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         run = run_deployment("generate/hourly-test", timeout=300)
         log = (tmp_path / "serve.log").read_text()
