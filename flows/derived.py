@@ -45,7 +45,7 @@ def rows_markdown(title: str, rows: list[dict[str, Any]], columns: list[str]) ->
     return "\n".join(lines)
 
 
-@flow(name="derive", log_prints=True)
+@flow(name="derive", log_prints=False)
 def derive_flow(
     store: str = "runs/store",
     run_ids: list[str] | None = None,
@@ -105,7 +105,7 @@ def export_task(store: str, kind: str, out: str, fmt: str, run_ids: list[str] | 
     return export_work(store, kind, out, fmt, run_ids, include_logprobs)
 
 
-@flow(name="export", log_prints=True)
+@flow(name="export", log_prints=False)
 def export_flow(
     store: str = "runs/store",
     out_dir: str = "runs/datasets",
@@ -183,7 +183,7 @@ def rescore_shard(config: EngineConfig, run_id: str, shard_id: str, out_run_id: 
     return rescore_shard_work(config, run_id, shard_id, out_run_id)
 
 
-@flow(name="rescore", log_prints=True)
+@flow(name="rescore", log_prints=False)
 def rescore_flow(
     config: EngineConfig | None = None,
     run_id: str = "",

@@ -67,7 +67,7 @@ def evaluation_markdown(run_id: str, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate", log_prints=False)
 def evaluate_flow(
     config: EngineConfig | None = None,
     num_tasks: int = 8,

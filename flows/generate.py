@@ -120,7 +120,7 @@ def default_run_id(config: EngineConfig, method: str) -> str:
     return search_run_id(config, method, config_tasks(config))
 
 
-@flow(name="generate", flow_run_name="generate {method}", log_prints=True)
+@flow(name="generate", flow_run_name="generate {method}", log_prints=False)
 def generate_flow(
     config: EngineConfig | None = None,
     method: Method = "mcts",

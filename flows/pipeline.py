@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
@@ -88,7 +88,7 @@ def success_table(evals: list[tuple[int, str, dict[str, tuple[float, float, floa
     return "\n".join(lines)
 
 
-@flow(name="pipeline", flow_run_name="pipeline {config.run_id}", log_prints=True)
+@flow(name="pipeline", flow_run_name="pipeline {config.run_id}", log_prints=False)
 def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
     """Rounds of generate -> derive -> export -> train -> evaluate (module docstring); returns
     {run_id, store, rounds: [...], evals: [(round, model, {suite: greedy})], model, seconds}."""
@@ -120,7 +120,7 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
         for kind in config.trainers:
             data = exported.get(DATASET[kind][1], {})
             if not data.get("rows"):
-                print(f"round {r}: no {DATASET[kind][1]} rows for {kind}; {kind} skipped")
+                get_run_logger().warning("round %d: no %s rows for %s; %s skipped", r, DATASET[kind][1], kind, kind)
                 continue
             info = TRAIN_FLOWS[kind](data=data["path"], init=model, out_dir=str(out / "checkpoints" / f"r{r}-{kind}"),
                                      store=store, run_id=run, settings=config.train,

@@ -34,7 +34,8 @@ class TrainSettings(Section):
     num_train_epochs: float = Field(1.0, gt=0, description="passes over the data when max_steps is -1")
     learning_rate: float | None = Field(None, gt=0, description="peak learning rate (None: trainer default)")
     batch_size: int | None = Field(None, ge=1, description="examples per micro-step (None: trainer default)")
-    max_length: int = Field(768, ge=32, description="longest tokenized training sequence")
+    # The tool schemas and worked examples in the system turn take ~600 tokens of every prompt.
+    max_length: int = Field(1024, ge=32, description="longest tokenized training sequence")
     lora: bool = Field(False, description="train LoRA adapters (merged into the checkpoint)")
     lora_rank: int = Field(16, ge=1, description="LoRA rank")
     behaviour_ref: bool = Field(False, description="DPO: behaviour log-probs from the tree as the reference")
@@ -125,7 +126,7 @@ def checkpoint_markdown(info: dict[str, Any]) -> str:
 
 
 def _train_flow(kind: str):
-    @flow(name=f"train_{kind}", log_prints=True)
+    @flow(name=f"train_{kind}", log_prints=False)
     def train_flow(
         data: str,
         init: str = "smollm2",

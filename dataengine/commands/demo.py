@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -65,7 +65,7 @@ def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: 
             # Small models give small value gaps; a lower margin still pairs a success with a failure.
             "derive": {"margin": 0.1},
         },
-        "train": {"max_steps": sizes["train_steps"], "batch_size": 2, "max_length": 512, "device": "cpu",
+        "train": {"max_steps": sizes["train_steps"], "batch_size": 2, "max_length": 1024, "device": "cpu",
                   "learning_rate": 5e-6, "seed": seed},
     })
 
@@ -105,7 +105,7 @@ def success_rows(evals: list[tuple[int, str, dict[str, tuple]]]) -> list[tuple[s
     rows = []
     for suite in sorted(set(before) | set(after)):
         b, a = before.get(suite), after.get(suite)
-        fmt = lambda v: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" if v else "n/a"  # noqa: E731
+        fmt = lambda v: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" if v else "n/a"
         change = f"{a[0] - b[0]:+.2f}" if a and b else ""
         rows.append((suite, fmt(b), fmt(a), change))
     return rows
@@ -117,9 +117,9 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="Folder for task files, the store, datasets, checkpoints and the report.")] = Path("demo-out"),
         tasks: Annotated[int, typer.Option("--tasks", min=1, help="Gold episodes per suite.")] = 20,
         seed: Annotated[int, typer.Option("--seed", help="Seed of task generation, sampling and search.")] = 0,
-        suite: Annotated[Optional[list[str]], typer.Option("--suite", help="Suite the pipeline searches (repeat; default notool and arithmetic).")] = None,
+        suite: Annotated[list[str] | None, typer.Option("--suite", help="Suite the pipeline searches (repeat; default notool and arithmetic).")] = None,
         rounds: Annotated[int, typer.Option("--rounds", min=1, help="Pipeline rounds.")] = 1,
-        model: Annotated[Optional[str], typer.Option("--model", help="Starting model (default smollm2; tiny with --quick).")] = None,
+        model: Annotated[str | None, typer.Option("--model", help="Starting model (default smollm2; tiny with --quick).")] = None,
         quick: Annotated[bool, typer.Option("--quick", help="Tiny random model and tiny sizes: checks the plumbing in a minute or two.")] = False,
         gold_only: Annotated[bool, typer.Option("--gold-only", help="Only the task files and the gold-episode table.")] = False,
     ) -> None:
