@@ -123,12 +123,17 @@ def test_generate_baselines_write_sources(tmp_path, env, tiny, tasks):
 def test_cli_generate(tmp_path):
     runner = CliRunner()
     out = tmp_path / "store"
-    args = ["generate", "--suite", "arithmetic", "--tasks", "2", "--model", "tiny", "--sims", "2", "--k", "2",
-            "--out", str(out), "--value", "zero", "--max-new-tokens", "4", "--device", "cpu", "--no-progress",
-            "--run-id", "cli-1"]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("search:\n  num_actions: 2\n  value: zero\npolicy:\n  max_new_tokens: 4\n  device: cpu\n")
+    # The file sets K=2; the --k flag overrides it.
+    args = ["generate", "--config", str(cfg), "--suite", "arithmetic", "--tasks", "2", "--model", "tiny", "--sims", "2",
+            "--k", "3", "--out", str(out), "--no-progress", "--run-id", "cli-1"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "cli-1" in result.output and Store(out).committed_shards("tasks", "cli-1")
+    engine = json.loads(Store(out).runs().collect()["config_json"][0])["engine"]
+    assert engine["search"]["num_actions"] == 3 and engine["search"]["value"] == "zero"
+    assert engine["policy"]["max_new_tokens"] == 4 and engine["num_tasks"] == 2
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "already committed" in again.output
 
@@ -138,3 +143,6 @@ def test_cli_generate(tmp_path):
     assert bad.exit_code != 0 and "unknown suite" in bad.output
     bad = runner.invoke(app, ["generate", "--value", "oracle", "--out", str(out)])
     assert bad.exit_code != 0 and "search.value" in bad.output
+    cfg.write_text("search:\n  num_action: 2\n")
+    bad = runner.invoke(app, ["generate", "--config", str(cfg), "--out", str(out)])
+    assert bad.exit_code != 0 and "num_action" in bad.output and "run.yaml" in bad.output
