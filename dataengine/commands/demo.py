@@ -28,7 +28,7 @@ DEMO_SIZES: dict[str, Any] = {
     "num_actions": 4,
     "max_depth": 3,
     "max_new_tokens": 48,
-    "train_steps": 8,
+    "train_steps": 4,
 }
 QUICK_SIZES: dict[str, Any] = {
     "num_tasks": 4,
