@@ -11,6 +11,8 @@ to a throwaway store (store writes are inside the timed runs). Printed:
   writes; model load and sandbox start are excluded): target under 5%;
 - successes per million generated tokens (successful trajectories, distinct successful
   trajectories, solved tasks) for MCTS and best-of-N, and their ratios (best-of-N = 1.00).
+  best-of-N's per-task budget is what MCTS actually spent per task (MCTS stops spending on a
+  tree whose leaves are all terminal), so both generate about the same number of tokens.
 """
 
 from __future__ import annotations
@@ -84,6 +86,11 @@ def main() -> None:
         sandbox.wait_ready()
         store = Store(Path(tmp) / "store")
         for method in ("mcts", "best_of_n"):
+            if method == "best_of_n":
+                # Equal tokens: best-of-N gets what MCTS actually spent per task (a tree whose
+                # leaves are all terminal stops spending before its budget).
+                spent = max(1, results["mcts"][0].generated_tokens // len(tasks))
+                cfg = cfg.model_copy(update={"search": cfg.search.model_copy(update={"max_generated_tokens": spent})})
             summary = generate(cfg, method=method, tasks=tasks, store=store, policy=policy, env=env, n=10_000, progress=False)
             trajs = store.trajectories().collect().filter(store.trajectories().collect()["run_id"] == summary.run_id)
             ok = trajs.filter(trajs["success"])
