@@ -134,6 +134,7 @@ def main() -> None:
             "prefill_tokens_per_expansion": stats["prefill_tokens"] / expansions,
             "cached_tokens_per_expansion": stats["cached_tokens"] / expansions,
         }
+        print(f"{name}: {wall:.1f} s, {results[name]['generated_tokens_per_s']:.1f} generated tok/s", flush=True)
     if not args.no_generate:
         wall, generated, prefill = run_generate(plain, rounds, args.k, args.max_new_tokens)
         results["g_hf_generate_per_expansion"] = {
