@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -18,8 +18,8 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _engine_overrides(suite: Optional[list[str]], tasks: Optional[int], model: Optional[str], store: Optional[Path],
-                      sims: Optional[int], k: Optional[int], seed: Optional[int], prefix: str = "") -> dict[str, Any]:
+def _engine_overrides(suite: list[str] | None, tasks: int | None, model: str | None, store: Path | None,
+                      sims: int | None, k: int | None, seed: int | None, prefix: str = "") -> dict[str, Any]:
     """Dotted load_config overrides (None: keep the file's or the default value)."""
     return {
         f"{prefix}suites": list(suite) if suite else None,
@@ -32,14 +32,14 @@ def _engine_overrides(suite: Optional[list[str]], tasks: Optional[int], model: O
     }
 
 
-Suite = Annotated[Optional[list[str]], typer.Option("--suite", help="Suite to search (repeat for several).")]
-Tasks = Annotated[Optional[int], typer.Option("--tasks", min=1, help="Tasks per suite.")]
-Model = Annotated[Optional[str], typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder.")]
-StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Store folder.")]
-Sims = Annotated[Optional[int], typer.Option("--sims", min=1, help="MCTS simulations per tree.")]
-K = Annotated[Optional[int], typer.Option("--k", min=1, help="Candidate actions per expansion.")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed of tasks, sampling and search.")]
-Config = Annotated[Optional[Path], typer.Option("--config", help="YAML/TOML file (flags override it).")]
+Suite = Annotated[list[str] | None, typer.Option("--suite", help="Suite to search (repeat for several).")]
+Tasks = Annotated[int | None, typer.Option("--tasks", min=1, help="Tasks per suite.")]
+Model = Annotated[str | None, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder.")]
+StoreOpt = Annotated[Path | None, typer.Option("--store", help="Store folder.")]
+Sims = Annotated[int | None, typer.Option("--sims", min=1, help="MCTS simulations per tree.")]
+K = Annotated[int | None, typer.Option("--k", min=1, help="Candidate actions per expansion.")]
+Seed = Annotated[int | None, typer.Option("--seed", help="Seed of tasks, sampling and search.")]
+Config = Annotated[Path | None, typer.Option("--config", help="YAML/TOML file (flags override it).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -66,17 +66,17 @@ def register(app: typer.Typer) -> None:
     @app.command("pipeline")
     def pipeline(
         config: Config = None,
-        run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id prefix of the pipeline's runs.")] = None,
-        rounds: Annotated[Optional[int], typer.Option("--rounds", min=1, help="generate->derive->train->evaluate rounds.")] = None,
-        trainer: Annotated[Optional[list[str]], typer.Option("--trainer", help="dpo, sft or grpo, in order (repeat).")] = None,
+        run_id: Annotated[str | None, typer.Option("--run-id", help="Run id prefix of the pipeline's runs.")] = None,
+        rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="generate->derive->train->evaluate rounds.")] = None,
+        trainer: Annotated[list[str] | None, typer.Option("--trainer", help="dpo, sft or grpo, in order (repeat).")] = None,
         suite: Suite = None, tasks: Tasks = None, model: Model = None, store: StoreOpt = None, sims: Sims = None,
         k: K = None, seed: Seed = None,
-        eval_tasks: Annotated[Optional[int], typer.Option("--eval-tasks", min=1, help="Held-out tasks per suite per evaluation.")] = None,
-        train_steps: Annotated[Optional[int], typer.Option("--train-steps", help="Optimizer steps per trainer.")] = None,
-        out: Annotated[Optional[Path], typer.Option("--out", help="Folder for datasets and checkpoints.")] = None,
+        eval_tasks: Annotated[int | None, typer.Option("--eval-tasks", min=1, help="Held-out tasks per suite per evaluation.")] = None,
+        train_steps: Annotated[int | None, typer.Option("--train-steps", help="Optimizer steps per trainer.")] = None,
+        out: Annotated[Path | None, typer.Option("--out", help="Folder for datasets and checkpoints.")] = None,
         ray: Annotated[bool, typer.Option("--ray", help="Run shards on Ray (prefect-ray's RayTaskRunner).")] = False,
-        ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster address (default: local Ray).")] = None,
-        report_dir: Annotated[Optional[Path], typer.Option("--report", help="Also write the run report to this folder.")] = None,
+        ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster address (default: local Ray).")] = None,
+        report_dir: Annotated[Path | None, typer.Option("--report", help="Also write the run report to this folder.")] = None,
     ) -> None:
         """Run rounds of generate -> derive -> export -> train -> evaluate as Prefect flows
         (embedded ephemeral API unless PREFECT_API_URL is set); prints the success table."""
@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
         schedule_app.command(action)(_by_name(action))
 
     @schedule_app.command("serve")
-    def schedule_serve(names: Annotated[Optional[list[str]], typer.Argument(help="Schedules to serve (default: all).")] = None) -> None:
+    def schedule_serve(names: Annotated[list[str] | None, typer.Argument(help="Schedules to serve (default: all).")] = None) -> None:
         """Serve existing schedules in this process: their runs start here when due (blocks)."""
         from flows.schedule import ScheduleError, serve, stored_deployments
 
