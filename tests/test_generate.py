@@ -103,6 +103,11 @@ def test_best_of_n_and_greedy_charge_the_budget(env, tiny, tasks):
     eps = play_episodes(tasks[:1], n=8, wave=2, temperature=1.0, budget=small, **common)
     assert len(eps) == 2
 
+    # The last wave shrinks to what the budget pays for: waves of 2, 2, then 1 (4 tokens each).
+    shrink = TokenBudget.for_tasks(1, 20)
+    eps = play_episodes(tasks[:1], n=8, wave=2, temperature=1.0, budget=shrink, **common)
+    assert len(eps) == 5 and shrink.total == 20
+
     g1 = play_episodes(tasks[:2], n=1, wave=1, temperature=0.0, budget=TokenBudget.for_tasks(2, 100), **common)
     g2 = play_episodes(tasks[:2], n=1, wave=1, temperature=0.0, budget=TokenBudget.for_tasks(2, 100), **common)
     assert [e.state.messages for e in g1] == [e.state.messages for e in g2]

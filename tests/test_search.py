@@ -288,17 +288,19 @@ def test_reward_bounds_normalisation_spreads_puct_over_root_actions(env, tiny, t
 
 
 @pytest.mark.slow
-def test_smollm2_search_calls_tools(env):
-    """The real model with the few-shot prompt: the trees hold executed tool calls."""
+def test_smollm2_search_finds_successes(env):
+    """The real model: on tool-free questions it can answer ("What planet do we live on?"),
+    the trees hold solved trajectories, and every node's tokens respect max_new_tokens."""
     policy = make_policy("hf", "smollm2", fewshot=True)
-    one_step = [t for t in generate_suite("arithmetic", n_train=8, n_heldout=0, seed=0) if len(t.gold.calls) == 1][:2]
-    cfg = config(policy__model="smollm2", policy__max_new_tokens=48, search__num_simulations=4, search__num_actions=2)
-    batch = search_batch(one_step, policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+    notool = generate_suite("notool", n_train=2, n_heldout=0, seed=0)
+    cfg = config(policy__model="smollm2", policy__max_new_tokens=48, search__num_simulations=4, search__num_actions=4,
+                 search__algorithm="gumbel")
+    batch = search_batch(notool, policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
     nodes, trajs = batch_rows(batch, policy.model_id)
-    calls = [r for r in nodes if r["action_key"] and r["action_key"].startswith("calls:")]
-    assert calls and any(not r["observation"].startswith("Error") for r in calls)
+    assert any(t["success"] for t in trajs)
     assert all(r["num_tokens"] <= 48 for r in nodes if r["num_tokens"] is not None)
     assert len(trajs) == sum(r["terminal"] for r in nodes)
+    assert batch.budget.total == policy.stats.generated_tokens
 
 
 def test_rollout_values_are_charged_to_the_budget(env, tiny, tasks):

@@ -6,12 +6,15 @@ the search uses, so a run compares search and sampling at equal generated tokens
 
 best-of-N launches episodes in waves of `wave` per task (all of a wave start from the task's
 prompt in one K-sample call) until N episodes were played or the task's token budget is
-spent; an episode still running when its task's budget runs out is cut (truncated).
+spent; an episode still running when its task's budget runs out is cut (truncated). After the
+first wave, a task's wave shrinks to what its remaining budget pays for at its mean tokens per
+episode so far.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,25 +73,27 @@ def play_episodes(
         ready = [t for t in range(len(tasks)) if launched[t] < n and not budget.exhausted(t)]
         if not ready:
             break
-        size = min(wave, n - min(launched[t] for t in ready))
-        roots = [env.reset(tasks[t]) for t in ready]
-        first = policy.sample(
-            [_conv(s) for s in roots],
-            size,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed + 7919 * wave_index,
-        )
+        sizes = {t: _wave_size(wave, n - launched[t], budget, t, launched[t]) for t in ready}
         current: list[PlayedEpisode] = []
         texts: list[str] = []
-        for t, root, row in zip(ready, roots, first):
-            take = row[: n - launched[t]]
-            for s in take:
-                current.append(PlayedEpisode(task_index=t, number=launched[t], state=root, tokens=s.num_tokens))
-                texts.append(s.text)
-                launched[t] += 1
-            budget.charge(t, sum(s.num_tokens for s in row))
+        # One K-sample call per distinct wave size (at most `wave` calls, usually one).
+        for size in sorted(set(sizes.values()), reverse=True):
+            group = [t for t in ready if sizes[t] == size]
+            roots = [env.reset(tasks[t]) for t in group]
+            first = policy.sample(
+                [_conv(r) for r in roots],
+                size,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed + 7919 * wave_index,
+            )
+            for t, root, row in zip(group, roots, first):
+                for s in row:
+                    current.append(PlayedEpisode(task_index=t, number=launched[t], state=root, tokens=s.num_tokens))
+                    texts.append(s.text)
+                    launched[t] += 1
+                budget.charge(t, sum(s.num_tokens for s in row))
         _step(env, current, texts)
         for depth in range(1, max_steps):
             live = [e for e in current if not e.state.terminal and not budget.exhausted(e.task_index)]
@@ -110,6 +115,17 @@ def play_episodes(
         wave_index += 1
     played.sort(key=lambda e: (e.task_index, e.number))
     return played
+
+
+def _wave_size(wave: int, left: int, budget: TokenBudget, task: int, launched: int) -> int:
+    """Episodes of the task's next wave: `wave`, at most the `left` still wanted, and after the
+    first wave at most what the remaining budget pays for at the task's mean tokens per
+    episode so far (so the last wave does not overshoot the budget by a whole wave)."""
+    size = min(wave, left)
+    if launched:
+        mean = max(1.0, budget.used[task] / launched)
+        size = min(size, max(1, math.ceil(budget.remaining(task) / mean)))
+    return size
 
 
 def _step(env: ToolEnv, episodes: list[PlayedEpisode], texts: list[str]) -> None:
