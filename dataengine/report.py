@@ -168,10 +168,10 @@ def draw_tree(graph: Any, path: Path, *, title: str = "", max_nodes: int = 300) 
     width = max(6.0, min(30.0, 0.35 * graph.number_of_nodes()))
     fig, ax = plt.subplots(figsize=(width, 5))
     nx.draw_networkx_edges(graph, pos, ax=ax, arrows=False, edge_color="#999999")
-    drawn = nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=colours, cmap="viridis", vmin=0.0, vmax=1.0,
+    drawn = nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=colours, cmap="coolwarm_r", vmin=0.0, vmax=1.0,
                                    edgecolors=edge, linewidths=2.0, node_size=220)
     nx.draw_networkx_labels(graph, pos, ax=ax, labels={n: str(graph.nodes[n].get("visits") or 0) for n in graph.nodes},
-                            font_size=7, font_color="white")
+                            font_size=7, font_color="black")
     fig.colorbar(drawn, ax=ax, label="Q")
     ax.set_title(title or "search tree (labels: visits)", fontsize=9, loc="left")
     ax.axis("off")
@@ -207,7 +207,8 @@ def _success_plot(success: pl.DataFrame, evals: pl.DataFrame, path: Path) -> Pat
     import matplotlib.pyplot as plt
 
     greedy = evals.filter(pl.col("metric") == "greedy_success").drop_nulls("round")
-    search = success.drop_nulls("round")
+    # Evaluation episodes are already the greedy line; the dashed lines are the generated data.
+    search = success.drop_nulls("round").filter(~pl.col("source").fill_null("").str.starts_with("eval"))
     if greedy.is_empty() and search.is_empty():
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -222,6 +223,8 @@ def _success_plot(success: pl.DataFrame, evals: pl.DataFrame, path: Path) -> Pat
         part = part.sort("round")
         ax.plot(part["round"].to_list(), part["success_rate"].to_list(), linestyle="--", marker="x",
                 label=f"{suite}: {source} episodes")
+    rounds = sorted(set(greedy["round"].to_list()) | set(search["round"].to_list()))
+    ax.set_xticks(rounds)
     ax.set_xlabel("round")
     ax.set_ylabel("success")
     ax.set_ylim(-0.05, 1.05)

@@ -154,7 +154,8 @@ def register(app: typer.Typer) -> None:
         last = result["rounds"][-1]
         gen = last["generate"]
         done = [s for s in gen["shards"] if not s.get("skipped")]
-        console.print(f"search (round {last['round']}): {sum(s['trees'] for s in done)} trees, "
+        resumed = f" ({gen['skipped']} shard(s) already in the store, skipped)" if gen["skipped"] else ""
+        console.print(f"search (round {last['round']}): {sum(s['trees'] for s in done)} trees searched now{resumed}, "
                       f"{sum(s['successes'] for s in done)} successful trajectories, "
                       f"{sum(s['generated_tokens'] for s in done)} generated tokens; derived: "
                       + ", ".join(f"{d['kind']} {d['rows']}" for d in last["derived"]))
