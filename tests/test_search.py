@@ -293,12 +293,12 @@ def test_smollm2_search_finds_successes(env):
     the trees hold solved trajectories, and every node's tokens respect max_new_tokens."""
     policy = make_policy("hf", "smollm2", fewshot=True)
     notool = generate_suite("notool", n_train=2, n_heldout=0, seed=0)
-    cfg = config(policy__model="smollm2", policy__max_new_tokens=48, search__num_simulations=4, search__num_actions=4,
+    cfg = config(policy__model="smollm2", policy__max_new_tokens=32, search__num_simulations=4, search__num_actions=4,
                  search__algorithm="gumbel")
     batch = search_batch(notool, policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
     nodes, trajs = batch_rows(batch, policy.model_id)
     assert any(t["success"] for t in trajs)
-    assert all(r["num_tokens"] <= 48 for r in nodes if r["num_tokens"] is not None)
+    assert all(r["num_tokens"] <= 32 for r in nodes if r["num_tokens"] is not None)
     assert len(trajs) == sum(r["terminal"] for r in nodes)
     assert batch.budget.total == policy.stats.generated_tokens
 
