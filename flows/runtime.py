@@ -206,5 +206,22 @@ def private_prefect_home(path: str | os.PathLike[str]) -> Iterator[None]:
         try:
             yield
         finally:
+            drain_concurrency_services()
             for server in list(SubprocessASGIServer._instances.values()):
                 server.stop()
+
+
+def drain_concurrency_services(timeout_s: float = 30.0) -> None:
+    """Stop Prefect's per-process concurrency-slot services.
+
+    They are singletons that keep an API client bound to the server they first talked to; after
+    that server stops (a private ephemeral API, a test server) the next flow in the same process
+    would get ConnectError on slot acquisition. A drained service is recreated on next use.
+    """
+    from prefect.concurrency.services import (
+        ConcurrencySlotAcquisitionService,
+        ConcurrencySlotAcquisitionWithLeaseService,
+    )
+
+    for service in (ConcurrencySlotAcquisitionWithLeaseService, ConcurrencySlotAcquisitionService):
+        service.drain_all(timeout=timeout_s)

@@ -65,6 +65,9 @@ def server(tmp_path_factory):
         with temporary_settings({PREFECT_API_URL: url, PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}):
             yield {"url": url, "env": env, "home": home}
     finally:
+        from flows.runtime import drain_concurrency_services
+
+        drain_concurrency_services()
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(30)
