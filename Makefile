@@ -32,15 +32,19 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The default suite: everything, slow tests (real SmolLM2, training) included.
 test: $(STAMP)
+	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
+	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
+	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/pytest -q -m slow $(PYTEST_ARGS)
 
 demo: $(STAMP)
+	@mkdir -p $(PREFECT_HOME)  # Prefect creates only the last level of its home
 	$(BIN)/dataengine demo
 
 bench: $(STAMP)
