@@ -139,3 +139,31 @@ def register_checkpoint(
         shard_id=info.model_id,
     )
     return run_id
+
+
+def finish_training(
+    trainer: Any,
+    tokenizer: Any,
+    config: Any,
+    data: Any,
+    *,
+    kind: str,
+    parent_id: str | None,
+    metrics: dict[str, Any],
+    store: Any = None,
+    verifier_versions: dict[str, str] | None = None,
+) -> CheckpointInfo:
+    """The common end of every trainer: save the checkpoint, register it when a store is given."""
+    info = save_checkpoint(
+        trainer.model,
+        tokenizer,
+        config.out_dir,
+        kind=kind,
+        parent_id=parent_id,
+        config=config.to_dict(),
+        dataset_versions=data.versions,
+        metrics=metrics,
+    )
+    if store is not None:
+        register_checkpoint(store, info, run_id=config.run_id, verifier_versions=verifier_versions)
+    return info

@@ -15,12 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataengine.train.base import TrainConfig, train_metrics
-from dataengine.train.checkpoint import (
-    CheckpointInfo,
-    parent_model_id,
-    register_checkpoint,
-    save_checkpoint,
-)
+from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 
 log = logging.getLogger(__name__)
@@ -127,17 +122,6 @@ def train_dpo(
     output = trainer.train()
     metrics = train_metrics(output, trainer, rows=len(data))
     metrics["reference"] = "behaviour" if config.behaviour_ref else ("adapter-off" if config.lora else "model")
-    info = save_checkpoint(
-        trainer.model,
-        tokenizer,
-        config.out_dir,
-        kind="dpo",
-        parent_id=parent,
-        config=config.to_dict(),
-        dataset_versions=data.versions,
-        metrics=metrics,
-    )
-    if store is not None:
-        register_checkpoint(store, info, run_id=config.run_id)
+    info = finish_training(trainer, tokenizer, config, data, kind="dpo", parent_id=parent, metrics=metrics, store=store)
     log.info("dpo checkpoint %s at %s (loss %.4f)", info.model_id, info.path, metrics["train_loss"])
     return info

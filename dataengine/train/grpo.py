@@ -23,12 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataengine.train.base import TrainConfig, train_metrics
-from dataengine.train.checkpoint import (
-    CheckpointInfo,
-    parent_model_id,
-    register_checkpoint,
-    save_checkpoint,
-)
+from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.environment import environment_factories, final_reply, regroup_turns
 
@@ -184,18 +179,8 @@ def train_grpo(
         values = [entry[key] for entry in trainer.state.log_history if key in entry]
         if values:
             metrics[f"mean_{key}"] = sum(values) / len(values)
-    info = save_checkpoint(
-        trainer.model,
-        tokenizer,
-        config.out_dir,
-        kind="grpo",
-        parent_id=parent,
-        config=config.to_dict(),
-        dataset_versions=data.versions,
-        metrics=metrics,
-    )
-    if store is not None:
-        versions = reward.versions() if hasattr(reward, "versions") else None
-        register_checkpoint(store, info, run_id=config.run_id, verifier_versions=versions)
+    versions = reward.versions() if hasattr(reward, "versions") else None
+    info = finish_training(trainer, tokenizer, config, data, kind="grpo", parent_id=parent, metrics=metrics,
+                           store=store, verifier_versions=versions)
     log.info("grpo checkpoint %s at %s", info.model_id, info.path)
     return info
