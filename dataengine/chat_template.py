@@ -4,20 +4,26 @@ SmolLM2's template is plain ChatML: it ignores `tools=` and `tool_calls`. `insta
 puts this template on the tokenizer so that transformers, TRL trainers and our policy render a
 conversation identically (and checkpoints save it):
 
-- with `tools`, the system turn lists every tool's JSON schema inside `<tools></tools>`, the
-  instruction to answer with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` or a
-  plain final answer, and an optional few-shot block (text baked into the template);
+- with `tools`, the system turn lists the tools (one compact signature a line, or their JSON
+  schemas), the instruction to answer with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+  or a plain final answer, and optional extra text (`fewshot`);
+- then, with `tools`, worked example episodes as real chat turns (user, assistant call, tool
+  response, assistant answer), picked by the tools offered (dataengine.suites.fewshot). They sit
+  outside the generation markers, so no trainer learns on them;
 - assistant turns render their `content` verbatim (it holds the raw `<tool_call>` text); an
   assistant turn with empty content and structured `tool_calls` renders them in the same form;
 - tool turns render as `<|im_start|>tool\\n<tool_response>\\n...\\n</tool_response><|im_end|>`;
 - assistant content and its `<|im_end|>` sit inside `{% generation %}` markers, which is what
   TRL's `SFTConfig(assistant_only_loss=True)` needs.
+
+Measured with SmolLM2 on arithmetic (docs/policy.md): examples as text inside the system prompt
+gave 0 tool calls in 64 samples; example episodes as chat turns give most replies as calls.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal, Mapping, Sequence
 
 DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks step by step with the tools provided."
 
@@ -27,28 +33,20 @@ INSTRUCTIONS = (
     "To call a tool, reply with only a JSON object inside <tool_call></tool_call> tags:\n"
     '<tool_call>{"name": <tool-name>, "arguments": <arguments-json-object>}</tool_call>\n'
     "The result comes back inside <tool_response></tool_response> tags. "
-    "When you know the answer, reply with the final answer as plain text and no tool call."
-)
-
-# Two worked examples: FACTS.md measured 10/16 exact tool calls from SmolLM2 with a tool list plus
-# two examples, and none without them. Names in the examples are illustrative, not real tools.
-DEFAULT_FEWSHOT = (
-    "Example 1\n"
-    "user: What is 6 times 7?\n"
-    'assistant: <tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>\n'
-    "tool: <tool_response>42</tool_response>\n"
-    "assistant: 42\n\n"
-    "Example 2\n"
-    "user: What is 120 plus 35?\n"
-    'assistant: <tool_call>{"name": "add", "arguments": {"a": 120, "b": 35}}</tool_call>\n'
-    "tool: <tool_response>155</tool_response>\n"
-    "assistant: 155\n\n"
+    "When you know the answer, reply with the final answer as plain text and no tool call. "
     "Only call tools that are listed in <tools></tools>."
 )
+
+Listing = Literal["compact", "json"]
+# An example set: the tool names that select it, and its episodes (lists of role/content dicts).
+ExampleSet = tuple[Sequence[str], Sequence[Sequence[Mapping[str, str]]]]
 
 _TEMPLATE = """\
 {%- set default_system = __SYSTEM__ -%}
 {%- set fewshot = __FEWSHOT__ -%}
+{%- set example_blocks = __EXAMPLE_BLOCKS__ -%}
+{%- set example_index = __EXAMPLE_INDEX__ -%}
+{%- set compact = __COMPACT__ -%}
 {%- if messages and messages[0].role == 'system' -%}
 {%- set system_text = messages[0].content -%}
 {%- set rest = messages[1:] -%}
@@ -60,7 +58,26 @@ _TEMPLATE = """\
 {%- if tools -%}
 {%- set ns = namespace(listing='') -%}
 {%- for tool in tools -%}
+{%- if compact -%}
+{%- set f = tool.function if tool.function is defined else tool -%}
+{%- set params = f.parameters if f.parameters is defined and f.parameters else {} -%}
+{%- set props = params.properties if params.properties is defined else {} -%}
+{%- set required = params.required if params.required is defined else [] -%}
+{%- set ns.listing = ns.listing + '\\n- ' + f.name + '(' -%}
+{%- for pname, p in props.items() -%}
+{%- set ptype = ((p.type if p.type is string else (p.type | join('|'))) if p.type is defined else 'any') -%}
+{%- set ns.listing = ns.listing + ('' if loop.first else ', ') + pname + ': ' + ptype -%}
+{%- if p.enum is defined -%}
+{%- set ns.listing = ns.listing + ' (one of ' + (p.enum | map('tojson') | join(', ')) + ')' -%}
+{%- endif -%}
+{%- if pname not in required -%}
+{%- set ns.listing = ns.listing + ' = optional' -%}
+{%- endif -%}
+{%- endfor -%}
+{%- set ns.listing = ns.listing + ')' + ((': ' + f.description) if f.description is defined and f.description else '') -%}
+{%- else -%}
 {%- set ns.listing = ns.listing + '\\n' + (tool | tojson) -%}
+{%- endif -%}
 {%- endfor -%}
 {{- '\\n\\n' + __INSTRUCTIONS_HEAD__ + ns.listing + __INSTRUCTIONS_TAIL__ -}}
 {%- if fewshot -%}
@@ -68,6 +85,17 @@ _TEMPLATE = """\
 {%- endif -%}
 {%- endif -%}
 {{- '<|im_end|>\\n' -}}
+{%- if tools and example_blocks -%}
+{%- set ex = namespace(block=example_blocks[0], found=false) -%}
+{%- for tool in tools -%}
+{%- set name = tool.function.name if tool.function is defined else tool.name -%}
+{%- if not ex.found and name in example_index -%}
+{%- set ex.block = example_blocks[example_index[name]] -%}
+{%- set ex.found = true -%}
+{%- endif -%}
+{%- endfor -%}
+{{- ex.block -}}
+{%- endif -%}
 {%- for message in rest -%}
 {%- if message.role == 'assistant' -%}
 {{- '<|im_start|>assistant\\n' -}}
@@ -103,26 +131,67 @@ def _literal(text: str) -> str:
     return json.dumps(text)
 
 
+def render_examples(episodes: Sequence[Sequence[Mapping[str, str]]]) -> str:
+    """Example episodes as the ChatML turns this template renders for the same messages."""
+    parts = []
+    for episode in episodes:
+        for message in episode:
+            role, content = message["role"], str(message["content"])
+            if role not in ("user", "assistant", "tool"):
+                raise ValueError(f"example messages must be user, assistant or tool turns, not {role!r}")
+            if role == "tool":
+                content = f"<tool_response>\n{content}\n</tool_response>"
+            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    return "".join(parts)
+
+
 def tool_chat_template(
-    *, system: str = DEFAULT_SYSTEM, fewshot: str | None = DEFAULT_FEWSHOT, instructions: str = INSTRUCTIONS
+    *,
+    system: str = DEFAULT_SYSTEM,
+    fewshot: str | None = None,
+    examples: Sequence[ExampleSet] | None = None,
+    listing: Listing = "compact",
+    instructions: str = INSTRUCTIONS,
 ) -> str:
     """The Jinja source of the tool-aware ChatML template.
 
     system: the system text used when the conversation has no system message.
     fewshot: text appended to the system turn when tools are given; None or "" for none.
-    instructions: the tool-use instructions; `{tools}` is replaced by the JSON schemas, one a
-        line.
+    examples: example sets shown as chat turns after the system turn when tools are given. A
+        set is picked by the first offered tool among its names; the first set is the fallback
+        when none matches. None or [] for no examples.
+    listing: "compact" (`- name(arg: type, ...): description`, enums spelled out) or "json"
+        (each tool's JSON schema on a line).
+    instructions: the tool-use instructions; `{tools}` is replaced by the tool listing.
     """
     if "{tools}" not in instructions:
         raise ValueError("instructions must contain the placeholder {tools} where the tool schemas go")
+    if listing not in ("compact", "json"):
+        raise ValueError(f"listing must be 'compact' or 'json', not {listing!r}")
     head, tail = instructions.split("{tools}", 1)
+    blocks: list[str] = []
+    index: dict[str, int] = {}
+    for names, episodes in examples or []:
+        for name in names:
+            index.setdefault(name, len(blocks))
+        blocks.append(render_examples(episodes))
     source = (
         _TEMPLATE.replace("__SYSTEM__", _literal(system))
         .replace("__FEWSHOT__", _literal(fewshot or ""))
+        .replace("__EXAMPLE_BLOCKS__", json.dumps(blocks))
+        .replace("__EXAMPLE_INDEX__", json.dumps(index))
+        .replace("__COMPACT__", "true" if listing == "compact" else "false")
         .replace("__INSTRUCTIONS_HEAD__", _literal(head))
         .replace("__INSTRUCTIONS_TAIL__", _literal(tail))
     )
     return "{#- " + TEMPLATE_MARK + " -#}\n" + source
+
+
+def default_examples() -> list[ExampleSet]:
+    """The built-in suites' example episodes (dataengine.suites.fewshot)."""
+    from dataengine.suites.fewshot import example_sets
+
+    return example_sets()
 
 
 def template_supports_tools(tokenizer: Any) -> bool:
@@ -140,7 +209,9 @@ def install_tool_template(
     tokenizer: Any,
     *,
     system: str = DEFAULT_SYSTEM,
-    fewshot: str | None = DEFAULT_FEWSHOT,
+    fewshot: str | None = None,
+    examples: Sequence[ExampleSet] | None | Literal["default"] = "default",
+    listing: Listing = "compact",
     instructions: str = INSTRUCTIONS,
     force: bool = False,
 ) -> Any:
@@ -148,12 +219,17 @@ def install_tool_template(
 
     Also sets a response template for `tokenizer.parse_response` (TRL's GRPO tool loop uses it):
     our `<tool_call>{json}</tool_call>` form is the Hermes/Qwen form TRL already parses.
-    `force=True` replaces even a tool-capable template (used to change the few-shot block).
+    `examples="default"` shows the built-in suites' example episodes; None shows none.
+    `force=True` replaces even a tool-capable template (used to change the examples).
     Returns the same tokenizer.
     """
     current = getattr(tokenizer, "chat_template", None) or ""
     if force or TEMPLATE_MARK in current or not template_supports_tools(tokenizer):
-        tokenizer.chat_template = tool_chat_template(system=system, fewshot=fewshot, instructions=instructions)
+        if examples == "default":
+            examples = default_examples()
+        tokenizer.chat_template = tool_chat_template(
+            system=system, fewshot=fewshot, examples=examples, listing=listing, instructions=instructions
+        )
         _set_response_parser(tokenizer)
     return tokenizer
 

@@ -3,7 +3,8 @@
 Accepted (see docs/tools.md):
 - one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; "parameters"
   is an alias of "arguments", which may also be a JSON string holding the object; text before
-  the first block is the thought;
+  the first block is the thought; a block may also hold a JSON array of such objects (the
+  `<tool_call>[{...}, ...]</tool_call>` form SmolLM2 was fine-tuned on), one call each;
 - text without any tool-call tag is a final answer (a leading "Final answer:" or "Answer:"
   label is removed);
 - everything from the first `<tool_response>` on is dropped: small models hallucinate the
@@ -68,30 +69,46 @@ def _parse(text: str) -> Action:
         if end < 0 or (0 <= nested < end):
             error = f"unclosed {OPEN_TAG} tag in tool call {index} (missing {CLOSE_TAG})"
             return Action(text=text, thought=thought, parse_error=error)
-        call, error = _parse_call(text[body_start:end], index)
+        found, error = _parse_block(text[body_start:end], index)
         if error:
             return Action(text=text, thought=thought, parse_error=error)
-        calls.append(call)  # type: ignore[arg-type]
+        calls.extend(found)
         pos = text.find(OPEN_TAG, end + len(CLOSE_TAG))
         if pos < 0:
             break
     return Action(text=text, thought=thought, tool_calls=calls)
 
 
-def _parse_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
+def _parse_block(body: str, index: int) -> tuple[list[ToolCall], str | None]:
+    """The calls in one `<tool_call>` block: a JSON object, or a JSON array of objects."""
     where = f"tool call {index}"
     body = body.strip()
     fenced = _CODE_FENCE.match(body)
     if fenced:
         body = fenced.group(1)
     if not body:
-        return None, f"empty {where}: {EXPECTED}"
+        return [], f"empty {where}: {EXPECTED}"
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
-        return None, f"invalid JSON in {where} at line {exc.lineno} column {exc.colno} (char {exc.pos}): {exc.msg}"
+        return [], f"invalid JSON in {where} at line {exc.lineno} column {exc.colno} (char {exc.pos}): {exc.msg}"
     except RecursionError:
-        return None, f"the JSON in {where} is nested too deeply"
+        return [], f"the JSON in {where} is nested too deeply"
+    if not isinstance(obj, list):
+        call, error = _parse_call(obj, where)
+        return ([call] if call else []), error
+    if not obj:
+        return [], f"{where} is an empty JSON array: {EXPECTED}"
+    calls = []
+    for item, element in enumerate(obj, 1):
+        call, error = _parse_call(element, f"item {item} of the array in {where}")
+        if error:
+            return [], error
+        calls.append(call)
+    return calls, None
+
+
+def _parse_call(obj: Any, where: str) -> tuple[ToolCall | None, str | None]:
     if not isinstance(obj, dict):
         return None, f"{where} is a JSON {_json_type(obj)}, expected an object with \"name\" and \"arguments\""
     name = obj.get("name")

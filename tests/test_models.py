@@ -52,10 +52,13 @@ def test_template_renders_tools_calls_and_responses(tiny):
         Message(role="assistant", content="42"),
     ]
     text = tokenizer.apply_chat_template([m.to_chat() for m in messages], tools=[ADD.to_openai()], tokenize=False)
-    assert json.dumps(ADD.to_openai()) in text
+    assert "\n- add(a: number, b: number): Add two numbers.\n</tools>" in text
     assert '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call><|im_end|>' in text
     assert "<|im_start|>tool\n<tool_response>\n42\n</tool_response><|im_end|>" in text
-    assert text.count("Example 1") == 1
+    # The arithmetic example episodes come once, as chat turns between the system turn and the task.
+    system_end = text.index("<|im_end|>")
+    assert text.count("<|im_start|>user\n") == 1 + 4 and text.index("<|im_start|>user\n") == system_end + len("<|im_end|>\n")
+    assert text.index("<|im_start|>user\nWhat is 17 plus 25?") > text.index("<tool_response>")
     # Raw assistant text is rendered verbatim, not re-serialised from tool_calls.
     raw = '<tool_call>{"name":"add","arguments":{"a":17,"b":25}}</tool_call>'
     text = tokenizer.apply_chat_template(
@@ -85,6 +88,45 @@ def test_template_meets_trl_requirements(tiny):
     assert tokenizer.decode(masked) == "hello<|im_end|>"
     parsed = tokenizer.parse_response('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><|im_end|>', prefix="")
     assert parsed["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 1}}
+
+
+def test_example_sets_follow_the_tools_and_stay_out_of_the_loss(tiny):
+    _, tokenizer = tiny
+    convert = ToolSpec(name="convert", parameters={
+        "type": "object",
+        "properties": {"value": {"type": "number"}, "unit": {"type": "string", "enum": ["meter", "foot"]}, "note": {"type": "string"}},
+        "required": ["value", "unit"],
+    })
+    other = ToolSpec(name="weather", description="Look up the weather.")
+    chat = [{"role": "user", "content": "q"}]
+    units = tokenizer.apply_chat_template(chat, tools=[other.to_openai(), convert.to_openai()], tokenize=False)
+    assert '- convert(value: number, unit: string (one of "meter", "foot"), note: string = optional)\n' in units
+    assert '"name": "convert"' in units and '"name": "add"' not in units
+    fallback = tokenizer.apply_chat_template(chat, tools=[other.to_openai()], tokenize=False)
+    assert '"name": "add"' in fallback and "- weather(): Look up the weather." in fallback
+    assert "<|im_start|>assistant" not in tokenizer.apply_chat_template(chat, tokenize=False)
+    out = tokenizer.apply_chat_template(
+        chat + [{"role": "assistant", "content": "hello"}],
+        tools=[ADD.to_openai()],
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    masked = [t for t, m in zip(out["input_ids"], out["assistant_masks"]) if m]
+    assert tokenizer.decode(masked) == "hello<|im_end|>"
+
+
+def test_json_listing_and_no_examples(tiny):
+    _, tokenizer = tiny
+    install_tool_template(tokenizer, listing="json", examples=None)
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}], tools=[ADD.to_openai()], tokenize=False)
+        assert json.dumps(ADD.to_openai()) in text and "<tool_call>" in text and "<|im_start|>tool" not in text
+        assert text.count("<|im_start|>user") == 1
+    finally:
+        install_tool_template(tokenizer)
+    with pytest.raises(ValueError, match="listing"):
+        tool_chat_template(listing="yaml")  # type: ignore[arg-type]
 
 
 def test_fewshot_is_configurable_and_escaped(tiny):

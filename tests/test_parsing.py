@@ -109,7 +109,10 @@ def test_text_without_a_tag_is_a_final_answer(text, answer):
         ('<tool_call>{"name": 3}</tool_call>', ['"name"', "not a non-empty string"]),
         ('<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>', ["arguments", "array", "not an object"]),
         ('<tool_call>{"name": "add", "arguments": "{oops"}</tool_call>', ["arguments", "not valid JSON"]),
-        ('<tool_call>["add"]</tool_call>', ["array", "expected an object"]),
+        ('<tool_call>["add"]</tool_call>', ["item 1 of the array", "string", "expected an object"]),
+        ("<tool_call>[]</tool_call>", ["empty JSON array"]),
+        ('<tool_call>[{"name": "a"}, {"arguments": {}}]</tool_call>', ["item 2 of the array in tool call 1", 'no "name"']),
+        ('<tool_call>7</tool_call>', ["tool call 1 is a JSON number"]),
         ("<tool_call></tool_call>", ["empty tool call"]),
         ("the end </tool_call>", ["without an opening"]),
         ("   ", ["empty reply"]),
@@ -121,6 +124,13 @@ def test_malformed_replies_name_the_problem(text, words):
     assert a.parse_error is not None and not a.tool_calls and a.final_answer is None
     for word in words:
         assert word in a.parse_error, a.parse_error
+
+
+def test_json_array_of_calls_is_accepted():
+    # SmolLM2's fine-tuning format: a list of calls inside one block.
+    a = parse_action('<tool_call>[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "neg", "arguments": {"x": 3}}]</tool_call>')
+    assert a.parse_error is None
+    assert [(c.name, c.arguments) for c in a.tool_calls] == [("add", {"a": 1, "b": 2}), ("neg", {"x": 3})]
 
 
 def test_deeply_nested_json_is_a_parse_error():

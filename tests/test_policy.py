@@ -178,7 +178,8 @@ def test_fewshot_option_changes_the_prompt():
     without = make_policy("hf", "tiny", fewshot=False)
     custom = make_policy("hf", "tiny", fewshot="EXAMPLES HERE", device="auto")
     conv = convs()[0]
-    assert "Example 1" in with_examples.render(conv)
-    assert "Example 1" not in without.render(conv)
-    assert "EXAMPLES HERE" in custom.render(conv)
+    assert "<tool_response>" in with_examples.render(conv)
+    assert "<tool_response>\n" not in without.render(conv)
+    assert "EXAMPLES HERE" in custom.render(conv) and "<tool_response>\n" not in custom.render(conv)
+    assert '{"type": "function"' in make_policy("hf", "tiny", listing="json").render(conv)
     assert len(without.encode(conv)) < len(with_examples.encode(conv))

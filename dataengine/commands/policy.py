@@ -26,13 +26,14 @@ def register(app: typer.Typer) -> None:
         suite: Annotated[str, typer.Option("--suite", help="Suite whose first task is rendered.")] = "arithmetic",
         model: Annotated[str, typer.Option("--model", help="Model whose tokenizer renders.")] = "tiny",
         fewshot: Annotated[bool, typer.Option("--fewshot/--no-fewshot", help="Include the worked examples.")] = True,
+        listing: Annotated[str, typer.Option("--listing", help="Tool listing: compact or json.")] = "compact",
     ) -> None:
         """Print the prompt the policy sees for a suite's first task."""
         from dataengine.policy import Conversation, make_policy
         from dataengine.suites import generate_suite
 
         task = generate_suite(suite, 1, 0, seed=0)[0]
-        policy = make_policy("hf", model, fewshot=fewshot)
+        policy = make_policy("hf", model, fewshot=fewshot, listing=listing)
         typer.echo(policy.render(Conversation.from_task(task)))
 
     @policy_app.command("probe")
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
         fewshot: Annotated[bool, typer.Option("--fewshot/--no-fewshot", help="Include the worked examples.")] = True,
         backend: Annotated[str, typer.Option("--backend", help="hf or vllm.")] = "hf",
         device: Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")] = "auto",
+        listing: Annotated[str, typer.Option("--listing", help="Tool listing: compact or json.")] = "compact",
     ) -> None:
         """Sample first replies to a suite's tasks and print how often they are valid tool calls."""
         from dataengine.policy import make_policy
@@ -55,7 +57,7 @@ def register(app: typer.Typer) -> None:
 
         if suite not in SUITE_MODULES:
             raise typer.BadParameter(f"unknown suite {suite!r}; known: {', '.join(SUITE_MODULES)}", param_hint="--suite")
-        options = {"fewshot": fewshot, "device": device} if backend == "hf" else {}
+        options = {"fewshot": fewshot, "device": device, "listing": listing} if backend == "hf" else {}
         policy = make_policy(backend, model, **options)
         report = tool_call_rate(
             policy, generate_suite(suite, tasks, 0, seed=seed), k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed

@@ -198,25 +198,27 @@ class HFPolicy(Policy):
         dtype: Any = None,
         fewshot: str | bool | None = None,
         system: str | None = None,
+        listing: str | None = None,
         **options: Any,
     ) -> "HFPolicy":
         """Load `model` ("smollm2", "tiny" or a folder) on `device` ("auto" picks cuda when present).
 
-        fewshot: None keeps the installed template; False drops the few-shot block; True the
-        default block; a string is the block itself. system: the default system text.
+        fewshot: None keeps the installed template (the built-in example episodes); True shows
+        the example episodes; False none; a string is shown as text in the system turn instead
+        of the episodes. system: the default system text. listing: "compact" or "json" tools.
         """
-        from dataengine.chat_template import DEFAULT_FEWSHOT, DEFAULT_SYSTEM, install_tool_template
+        from dataengine.chat_template import DEFAULT_SYSTEM, install_tool_template
         from dataengine.models import load_model
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if isinstance(fewshot, bool):
-            fewshot = DEFAULT_FEWSHOT if fewshot else ""
         lm, tokenizer = load_model(model, device=device, dtype=dtype)
-        if fewshot is not None or system is not None:
+        if fewshot is not None or system is not None or listing is not None:
             install_tool_template(
                 tokenizer,
-                fewshot=DEFAULT_FEWSHOT if fewshot is None else fewshot,
+                fewshot=fewshot if isinstance(fewshot, str) else None,
+                examples="default" if fewshot is None or fewshot is True else None,
+                listing=listing or "compact",
                 system=DEFAULT_SYSTEM if system is None else system,
                 force=True,
             )

@@ -1,0 +1,98 @@
+"""Worked example episodes for the chat template, drawn from the suites' own generators.
+
+SmolLM2-135M writes tool calls when it has seen a few episodes like the task in front of it as
+real chat turns (user, assistant `<tool_call>`, tool `<tool_response>`, assistant answer); a block
+of example text inside the system prompt did not do it (0/64 calls on arithmetic, see
+docs/policy.md). So each built-in toolbox gets a short set of episodes: task prompts from a seed
+no split uses, the gold calls, the outputs the real tools return (replayed, not written by hand)
+and the gold answer. The arithmetic set includes a `notool` episode so that "answer directly"
+is shown next to "call a tool".
+
+The chat template picks a set by the tools a conversation offers (`example_sets`): the first
+offered tool that belongs to a set's toolbox picks it, and the arithmetic set stands in when none
+matches (for instance BFCL's tools), as a demonstration of the format.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from dataengine.suites.gold import DEFAULT_REPLY, replay
+from dataengine.types import Task, canonical_json
+
+# Seed for example tasks: no split or test uses it, so examples are not evaluation tasks.
+EXAMPLE_SEED = 7_919
+# Per toolbox: (suite, number of gold calls[, task kind or template]) picks, in the order shown. The first
+# task of that suite with that many calls (and kind) is taken; the next one when a pick repeats.
+# Arithmetic shows each question template once (probes in docs/policy.md: two examples of one
+# template gave 31% calls at temperature 0.7, three templates 84%); its notool pick is a
+# non-arithmetic question, because "what is 8 times 7" answered directly taught the model to
+# answer arithmetic without tools.
+EXAMPLE_PLAN: dict[str, list[tuple]] = {
+    "arithmetic": [
+        ("notool", 0, "capital"),
+        ("arithmetic", 2, "what_is"),
+        ("arithmetic", 1, "calculate"),
+        ("arithmetic", 2, "steps"),
+    ],
+    "units": [("units", 1), ("units", 1)],
+    "shop": [("shop", 2), ("shop", 1)],
+    "chains": [("chains", 2), ("chains", 2)],
+}
+FALLBACK = "arithmetic"
+_POOL = 200  # tasks generated per suite to find the picks in
+
+
+def render_call_text(name: str, arguments: Any) -> str:
+    """One call as the template renders structured tool calls: name first, then arguments."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
+
+
+def episode_messages(task: Task) -> list[dict[str, str]]:
+    """The gold episode of `task` as chat messages, with real tool outputs."""
+    outputs, _ = replay(task.toolbox, task.gold.calls, task.initial_state)
+    messages = [{"role": "user", "content": task.messages[-1].content}]
+    for call, output in zip(task.gold.calls, outputs):
+        messages.append({"role": "assistant", "content": render_call_text(call.name, call.arguments)})
+        messages.append({"role": "tool", "content": canonical_json(output)})
+    final = task.gold.answer if task.gold.answer is not None else task.metadata.get("gold_reply", DEFAULT_REPLY)
+    messages.append({"role": "assistant", "content": str(final)})
+    return messages
+
+
+def _pick(suite: str, n_calls: int, kind: str | None, skip: int) -> Task:
+    from dataengine.suites import generate_suite
+
+    matches = [
+        t
+        for t in generate_suite(suite, _POOL, 0, seed=EXAMPLE_SEED)
+        if len(t.gold.calls) == n_calls and kind in (None, t.metadata.get("kind"), t.metadata.get("template"))
+    ]
+    if len(matches) <= skip:
+        raise ValueError(f"suite {suite!r} has fewer than {skip + 1} tasks with {n_calls} gold calls (kind {kind}) in {_POOL}")
+    return matches[skip]
+
+
+@functools.lru_cache(maxsize=None)
+def _examples(toolbox: str) -> list[list[dict[str, str]]]:
+    seen: dict[tuple[str, int], int] = {}
+    episodes = []
+    for suite, n_calls, *kind in EXAMPLE_PLAN[toolbox]:
+        pick = (suite, n_calls, kind[0] if kind else None)
+        skip = seen.get(pick, 0)
+        seen[pick] = skip + 1
+        episodes.append(episode_messages(_pick(*pick, skip)))
+    return episodes
+
+
+def example_sets() -> list[tuple[list[str], list[list[dict[str, str]]]]]:
+    """[(tool names of the toolbox, example episodes)] for every built-in toolbox; the fallback first.
+
+    Deterministic; built once per process (a few hundred generated tasks and replayed calls).
+    """
+    from dataengine.tools.registry import get_toolbox
+
+    order = [FALLBACK] + [name for name in EXAMPLE_PLAN if name != FALLBACK]
+    return [(list(get_toolbox(name).tools), _examples(name)) for name in order]
