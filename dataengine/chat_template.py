@@ -23,6 +23,7 @@ gave 0 tool calls in 64 samples; example episodes as chat turns give most replie
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
 DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks step by step with the tools provided."
@@ -38,13 +39,26 @@ INSTRUCTIONS = (
 )
 
 Listing = Literal["compact", "json"]
-# An example set: the tool names that select it, and its episodes (lists of role/content dicts).
-ExampleSet = tuple[Sequence[str], Sequence[Sequence[Mapping[str, str]]]]
+Episode = Sequence[Mapping[str, str]]  # role/content dicts: user, then assistant/tool turns
+
+
+@dataclass(frozen=True)
+class ExampleSet:
+    """Worked episodes for one toolbox.
+
+    tools: the tool names that select this set (the first offered one that belongs to a set wins).
+    episodes: shown in order, skipping any that calls a tool the conversation does not offer
+        (so the model is never shown a call it cannot make), at most `max_shown` of them.
+    """
+
+    tools: Sequence[str]
+    episodes: Sequence[Episode]
+    max_shown: int | None = None
 
 _TEMPLATE = """\
 {%- set default_system = __SYSTEM__ -%}
 {%- set fewshot = __FEWSHOT__ -%}
-{%- set example_blocks = __EXAMPLE_BLOCKS__ -%}
+{%- set example_sets = __EXAMPLE_SETS__ -%}
 {%- set example_index = __EXAMPLE_INDEX__ -%}
 {%- set compact = __COMPACT__ -%}
 {%- if messages and messages[0].role == 'system' -%}
@@ -85,16 +99,35 @@ _TEMPLATE = """\
 {%- endif -%}
 {%- endif -%}
 {{- '<|im_end|>\\n' -}}
-{%- if tools and example_blocks -%}
-{%- set ex = namespace(block=example_blocks[0], found=false) -%}
+{%- if tools and example_sets -%}
+{%- set offered = namespace(names='|', pick=-1) -%}
 {%- for tool in tools -%}
 {%- set name = tool.function.name if tool.function is defined else tool.name -%}
-{%- if not ex.found and name in example_index -%}
-{%- set ex.block = example_blocks[example_index[name]] -%}
-{%- set ex.found = true -%}
+{%- set offered.names = offered.names + name + '|' -%}
+{%- if offered.pick < 0 and name in example_index -%}
+{%- set offered.pick = example_index[name] -%}
 {%- endif -%}
 {%- endfor -%}
-{{- ex.block -}}
+{%- if offered.pick < 0 -%}
+{%- for episode in example_sets[0].episodes -%}
+{{- episode.text -}}
+{%- endfor -%}
+{%- else -%}
+{%- set chosen = example_sets[offered.pick] -%}
+{%- set shown = namespace(n=0) -%}
+{%- for episode in chosen.episodes -%}
+{%- set usable = namespace(ok=(shown.n < chosen.max_shown)) -%}
+{%- for name in episode.tools -%}
+{%- if ('|' + name + '|') not in offered.names -%}
+{%- set usable.ok = false -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if usable.ok -%}
+{{- episode.text -}}
+{%- set shown.n = shown.n + 1 -%}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
 {%- endif -%}
 {%- for message in rest -%}
 {%- if message.role == 'assistant' -%}
@@ -131,18 +164,28 @@ def _literal(text: str) -> str:
     return json.dumps(text)
 
 
-def render_examples(episodes: Sequence[Sequence[Mapping[str, str]]]) -> str:
-    """Example episodes as the ChatML turns this template renders for the same messages."""
+def render_episode(episode: Episode) -> str:
+    """One example episode as the ChatML turns this template renders for the same messages."""
     parts = []
-    for episode in episodes:
-        for message in episode:
-            role, content = message["role"], str(message["content"])
-            if role not in ("user", "assistant", "tool"):
-                raise ValueError(f"example messages must be user, assistant or tool turns, not {role!r}")
-            if role == "tool":
-                content = f"<tool_response>\n{content}\n</tool_response>"
-            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    for message in episode:
+        role, content = message["role"], str(message["content"])
+        if role not in ("user", "assistant", "tool"):
+            raise ValueError(f"example messages must be user, assistant or tool turns, not {role!r}")
+        if role == "tool":
+            content = f"<tool_response>\n{content}\n</tool_response>"
+        parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
     return "".join(parts)
+
+
+def episode_tools(episode: Episode) -> list[str]:
+    """Names of the tools an episode's assistant turns call."""
+    from dataengine.parsing import parse_action
+
+    names: list[str] = []
+    for message in episode:
+        if message["role"] == "assistant":
+            names += [c.name for c in parse_action(str(message["content"])).tool_calls if c.name not in names]
+    return names
 
 
 def tool_chat_template(
@@ -158,8 +201,8 @@ def tool_chat_template(
     system: the system text used when the conversation has no system message.
     fewshot: text appended to the system turn when tools are given; None or "" for none.
     examples: example sets shown as chat turns after the system turn when tools are given. A
-        set is picked by the first offered tool among its names; the first set is the fallback
-        when none matches. None or [] for no examples.
+        set is picked by the first offered tool among its names; when none matches, all of the
+        first set's episodes are shown as a format demonstration. None or [] for no examples.
     listing: "compact" (`- name(arg: type, ...): description`, enums spelled out) or "json"
         (each tool's JSON schema on a line).
     instructions: the tool-use instructions; `{tools}` is replaced by the tool listing.
@@ -169,16 +212,18 @@ def tool_chat_template(
     if listing not in ("compact", "json"):
         raise ValueError(f"listing must be 'compact' or 'json', not {listing!r}")
     head, tail = instructions.split("{tools}", 1)
-    blocks: list[str] = []
+    sets: list[dict[str, Any]] = []
     index: dict[str, int] = {}
-    for names, episodes in examples or []:
-        for name in names:
-            index.setdefault(name, len(blocks))
-        blocks.append(render_examples(episodes))
+    for example_set in examples or []:
+        for name in example_set.tools:
+            index.setdefault(name, len(sets))
+        episodes = [{"text": render_episode(e), "tools": episode_tools(e)} for e in example_set.episodes]
+        max_shown = len(episodes) if example_set.max_shown is None else example_set.max_shown
+        sets.append({"episodes": episodes, "max_shown": max_shown})
     source = (
         _TEMPLATE.replace("__SYSTEM__", _literal(system))
         .replace("__FEWSHOT__", _literal(fewshot or ""))
-        .replace("__EXAMPLE_BLOCKS__", json.dumps(blocks))
+        .replace("__EXAMPLE_SETS__", json.dumps(sets))
         .replace("__EXAMPLE_INDEX__", json.dumps(index))
         .replace("__COMPACT__", "true" if listing == "compact" else "false")
         .replace("__INSTRUCTIONS_HEAD__", _literal(head))

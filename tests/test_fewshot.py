@@ -12,15 +12,16 @@ from dataengine.tools.registry import get_toolbox
 
 def test_every_builtin_toolbox_has_episodes_with_real_outputs():
     sets = example_sets()
-    assert [set(names) for names, _ in sets] == [set(get_toolbox(name).tools) for name in ["arithmetic", *[n for n in EXAMPLE_PLAN if n != "arithmetic"]]]
-    for names, episodes in sets:
+    assert [set(s.tools) for s in sets] == [set(get_toolbox(name).tools) for name in ["arithmetic", *[n for n in EXAMPLE_PLAN if n != "arithmetic"]]]
+    for example_set in sets:
+        episodes = example_set.episodes
         assert len(episodes) >= 2
         for episode in episodes:
             roles = [m["role"] for m in episode]
             assert roles[0] == "user" and roles[-1] == "assistant"
             assert roles[1:-1] == ["assistant", "tool"] * ((len(roles) - 2) // 2)
     # Arithmetic shows answering directly next to calling tools.
-    arithmetic = sets[0][1]
+    arithmetic = sets[0].episodes
     assert [len(e) for e in arithmetic][0] == 2 and all(len(e) > 2 for e in arithmetic[1:])
 
 
@@ -38,6 +39,18 @@ def test_examples_are_deterministic_and_not_default_split_tasks():
     first = example_sets()
     example_sets.__globals__["_examples"].cache_clear()
     assert example_sets() == first
-    prompts = {e[0]["content"] for _, episodes in first for e in episodes}
+    prompts = {e[0]["content"] for s in first for e in s.episodes}
     for suite in ["arithmetic", "units", "shop", "chains", "notool"]:
         assert not prompts & {t.messages[-1].content for t in generate_suite(suite, 200, 50, seed=0)}
+
+
+def test_chains_show_only_episodes_whose_tools_are_offered():
+    from dataengine.models import load_model
+
+    _, tokenizer = load_model("tiny")
+    for task in generate_suite("chains", 6, 0, seed=1):
+        text = tokenizer.apply_chat_template([m.to_chat() for m in task.messages], tools=[t.to_openai() for t in task.tools], tokenize=False)
+        examples = text[text.index("<|im_end|>") : text.rindex("<|im_start|>user")]
+        offered = {t.name for t in task.tools}
+        called = {json.loads(body.split("</tool_call>")[0])["name"] for body in examples.split("<tool_call>")[1:]}
+        assert called <= offered and examples.count("<|im_start|>user") <= 2

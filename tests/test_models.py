@@ -55,10 +55,16 @@ def test_template_renders_tools_calls_and_responses(tiny):
     assert "\n- add(a: number, b: number): Add two numbers.\n</tools>" in text
     assert '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call><|im_end|>' in text
     assert "<|im_start|>tool\n<tool_response>\n42\n</tool_response><|im_end|>" in text
-    # The arithmetic example episodes come once, as chat turns between the system turn and the task.
+    # Example episodes are chat turns between the system turn and the task; with only `add`
+    # offered, the ones that call multiply/divide are skipped (the direct-answer one stays).
     system_end = text.index("<|im_end|>")
-    assert text.count("<|im_start|>user\n") == 1 + 4 and text.index("<|im_start|>user\n") == system_end + len("<|im_end|>\n")
-    assert text.index("<|im_start|>user\nWhat is 17 plus 25?") > text.index("<tool_response>")
+    assert text.index("<|im_start|>user\n") == system_end + len("<|im_end|>\n")
+    assert text.count("<|im_start|>user\n") == 2 and '"multiply"' not in text
+    from dataengine.suites import generate_suite
+
+    task = generate_suite("arithmetic", 1, 0, seed=0)[0]
+    full = tokenizer.apply_chat_template([m.to_chat() for m in task.messages], tools=[t.to_openai() for t in task.tools], tokenize=False)
+    assert full.count("<|im_start|>user\n") == 1 + 4 and full.index(task.messages[0].content) > full.rindex("<tool_response>")
     # Raw assistant text is rendered verbatim, not re-serialised from tool_calls.
     raw = '<tool_call>{"name":"add","arguments":{"a":17,"b":25}}</tool_call>'
     text = tokenizer.apply_chat_template(

@@ -10,7 +10,8 @@ is shown next to "call a tool".
 
 The chat template picks a set by the tools a conversation offers (`example_sets`): the first
 offered tool that belongs to a set's toolbox picks it, and the arithmetic set stands in when none
-matches (for instance BFCL's tools), as a demonstration of the format.
+matches (for instance BFCL's tools), as a demonstration of the format. Within a set, episodes
+that call a tool the conversation does not offer are skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import functools
 import json
 from typing import Any
 
+from dataengine.chat_template import ExampleSet
 from dataengine.suites.gold import DEFAULT_REPLY, replay
 from dataengine.types import Task, canonical_json
 
@@ -39,8 +41,11 @@ EXAMPLE_PLAN: dict[str, list[tuple]] = {
     ],
     "units": [("units", 1), ("units", 1)],
     "shop": [("shop", 2), ("shop", 1)],
-    "chains": [("chains", 2), ("chains", 2)],
+    # Chains offer 6 of 14 tools per task: a pool of episodes, of which the template shows the
+    # first two whose tools are all offered.
+    "chains": [("chains", 2)] * 12,
 }
+MAX_SHOWN = {"chains": 2}
 FALLBACK = "arithmetic"
 _POOL = 200  # tasks generated per suite to find the picks in
 
@@ -87,12 +92,12 @@ def _examples(toolbox: str) -> list[list[dict[str, str]]]:
     return episodes
 
 
-def example_sets() -> list[tuple[list[str], list[list[dict[str, str]]]]]:
-    """[(tool names of the toolbox, example episodes)] for every built-in toolbox; the fallback first.
+def example_sets() -> list[ExampleSet]:
+    """An ExampleSet for every built-in toolbox; the fallback first.
 
     Deterministic; built once per process (a few hundred generated tasks and replayed calls).
     """
     from dataengine.tools.registry import get_toolbox
 
     order = [FALLBACK] + [name for name in EXAMPLE_PLAN if name != FALLBACK]
-    return [(list(get_toolbox(name).tools), _examples(name)) for name in order]
+    return [ExampleSet(list(get_toolbox(name).tools), _examples(name), MAX_SHOWN.get(name)) for name in order]
