@@ -47,6 +47,7 @@ class Size:
     value: str = "zero"
     max_steps: int = 4
     max_new_tokens: int = 64
+    temperature: float = 1.0
     search_sims: int = 4
     search_actions: int = 2
     pass_k: int = 0
@@ -89,7 +90,8 @@ def engine_config(size: Size, store: Path, *, sims: int, actions: int) -> Any:
     return EngineConfig(
         store=str(store), seed=size.seed, suites=[size.suite], num_tasks=size.train_tasks, shard_size=size.train_tasks,
         env={"max_steps": size.max_steps},
-        policy={"model": size.model, "max_new_tokens": size.max_new_tokens, "device": "cpu", "few_shot": True},
+        policy={"model": size.model, "max_new_tokens": size.max_new_tokens, "temperature": size.temperature,
+                "device": "cpu", "few_shot": True},
         search={"num_simulations": sims, "num_actions": actions, "max_depth": size.max_steps, "value": size.value,
                 "trees_per_batch": max(1, min(8, size.train_tasks))},
     )
