@@ -239,6 +239,16 @@ def default_examples() -> list[ExampleSet]:
     return example_sets()
 
 
+def prompt_fingerprint(few_shot: bool = True) -> str:
+    """16 hex chars naming the default template (with or without the example episodes).
+
+    Run ids include it, so a changed prompt starts a new run instead of resuming an old one.
+    """
+    from dataengine.types import stable_hash
+
+    return stable_hash(tool_chat_template(examples=default_examples() if few_shot else None))[:16]
+
+
 def template_supports_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's own chat template renders tools, tool calls and tool turns."""
     from trl.chat_template_utils import has_generation_markers, supports_tool_calling

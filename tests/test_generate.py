@@ -151,3 +151,15 @@ def test_cli_generate(tmp_path):
     cfg.write_text("search:\n  num_action: 2\n")
     bad = runner.invoke(app, ["generate", "--config", str(cfg), "--out", str(out)])
     assert bad.exit_code != 0 and "num_action" in bad.output and "run.yaml" in bad.output
+
+
+def test_run_id_follows_the_prompt_template(tmp_path, tasks, monkeypatch):
+    import dataengine.chat_template as chat_template
+    from dataengine.search import default_run_id
+
+    cfg = config(tmp_path / "store")
+    before = default_run_id(cfg, "mcts", tasks[:2])
+    assert default_run_id(cfg, "mcts", tasks[:2]) == before
+    assert chat_template.prompt_fingerprint(True) != chat_template.prompt_fingerprint(False)
+    monkeypatch.setattr(chat_template, "prompt_fingerprint", lambda few_shot=True: "another-template")
+    assert default_run_id(cfg, "mcts", tasks[:2]) != before

@@ -137,8 +137,16 @@ def shards(tasks: Sequence[Task], shard_size: int) -> list[tuple[str, list[Task]
 
 
 def default_run_id(config: EngineConfig, method: str, tasks: Sequence[Task]) -> str:
-    """A run id fixed by the config, method and tasks: rerunning the same command resumes."""
-    key = stable_hash({"config": config.model_dump(mode="json"), "method": method, "tasks": [t.id for t in tasks]})
+    """A run id fixed by the config, method, tasks and prompt template: rerunning the same
+    command resumes; changing the template (a new engine version) starts a new run."""
+    from dataengine.chat_template import prompt_fingerprint
+
+    key = stable_hash({
+        "config": config.model_dump(mode="json"),
+        "method": method,
+        "tasks": [t.id for t in tasks],
+        "prompt": prompt_fingerprint(config.policy.few_shot),
+    })
     return f"generate-{method}-{key[:10]}"
 
 
