@@ -23,8 +23,9 @@ gave 0 tool calls in 64 samples; example episodes as chat turns give most replie
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks step by step with the tools provided."
 

@@ -17,11 +17,9 @@ that call a tool the conversation does not offer are skipped.
 from __future__ import annotations
 
 import functools
-import json
-from typing import Any
 
 from dataengine.chat_template import ExampleSet
-from dataengine.suites.gold import DEFAULT_REPLY, replay
+from dataengine.suites.gold import gold_turns, replay
 from dataengine.types import Task, canonical_json
 
 # Seed for example tasks: no split or test uses it, so examples are not evaluation tasks.
@@ -50,29 +48,29 @@ FALLBACK = "arithmetic"
 _POOL = 200  # tasks generated per suite to find the picks in
 
 
-def render_call_text(name: str, arguments: Any) -> str:
-    """One call as the template renders structured tool calls: name first, then arguments."""
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
-
-
 def episode_messages(task: Task) -> list[dict[str, str]]:
     """The gold episode of `task` as chat messages, with real tool outputs."""
     outputs, _ = replay(task.toolbox, task.gold.calls, task.initial_state)
+    *calls, final = gold_turns(task, sort_keys=False)  # name first, as the template writes calls
     messages = [{"role": "user", "content": task.messages[-1].content}]
-    for call, output in zip(task.gold.calls, outputs):
-        messages.append({"role": "assistant", "content": render_call_text(call.name, call.arguments)})
+    for call, output in zip(calls, outputs):
+        messages.append({"role": "assistant", "content": call})
         messages.append({"role": "tool", "content": canonical_json(output)})
-    final = task.gold.answer if task.gold.answer is not None else task.metadata.get("gold_reply", DEFAULT_REPLY)
-    messages.append({"role": "assistant", "content": str(final)})
+    messages.append({"role": "assistant", "content": final})
     return messages
 
 
-def _pick(suite: str, n_calls: int, kind: str | None, skip: int) -> Task:
+@functools.cache
+def _pool(suite: str) -> tuple[Task, ...]:
     from dataengine.suites import generate_suite
 
+    return tuple(generate_suite(suite, _POOL, 0, seed=EXAMPLE_SEED))
+
+
+def _pick(suite: str, n_calls: int, kind: str | None, skip: int) -> Task:
     matches = [
         t
-        for t in generate_suite(suite, _POOL, 0, seed=EXAMPLE_SEED)
+        for t in _pool(suite)
         if len(t.gold.calls) == n_calls and kind in (None, t.metadata.get("kind"), t.metadata.get("template"))
     ]
     if len(matches) <= skip:
@@ -80,7 +78,7 @@ def _pick(suite: str, n_calls: int, kind: str | None, skip: int) -> Task:
     return matches[skip]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _examples(toolbox: str) -> list[list[dict[str, str]]]:
     seen: dict[tuple[str, int], int] = {}
     episodes = []

@@ -18,19 +18,22 @@ from dataengine.types import Task, ToolCall
 DEFAULT_REPLY = "Done."
 
 
-def render_call(call: ToolCall) -> str:
-    """One Hermes tool call with canonical JSON: `<tool_call>{"arguments": {...}, "name": ...}</tool_call>`."""
-    body = json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True, ensure_ascii=False)
+def render_call(call: ToolCall, *, sort_keys: bool = True) -> str:
+    """One Hermes tool call with canonical JSON: `<tool_call>{"arguments": {...}, "name": ...}</tool_call>`.
+
+    sort_keys=False writes "name" first, the order the chat template and its instructions use.
+    """
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=sort_keys, ensure_ascii=False)
     return f"<tool_call>{body}</tool_call>"
 
 
-def gold_turns(task: Task) -> list[str]:
+def gold_turns(task: Task, *, sort_keys: bool = True) -> list[str]:
     """The assistant texts that solve `task`: one tool call per turn, then the final answer.
 
     The final text is gold.answer, else metadata["gold_reply"] (a confirmation for tasks judged
     by end state), else "Done.".
     """
-    turns = [render_call(c) for c in task.gold.calls]
+    turns = [render_call(c, sort_keys=sort_keys) for c in task.gold.calls]
     final = task.gold.answer
     if final is None:
         final = task.metadata.get("gold_reply", DEFAULT_REPLY)
