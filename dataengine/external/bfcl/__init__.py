@@ -1,0 +1,80 @@
+"""BFCL (Berkeley Function Calling Leaderboard) from the data and tool classes shipped in bfcl-eval.
+
+- tasks.py: categories, the package's data as Tasks (`load_tasks`), BFCL schemas as JSON Schema.
+- runtime.py: BFCL's multi-turn tool classes behind a JSON-able state; the `bfcl:<category>` toolboxes.
+- checks.py: verdicts on predictions, BFCL's way (`verify_predictions`).
+"""
+
+from __future__ import annotations
+
+from dataengine.external.bfcl.checks import (
+    check_prediction,
+    gold_prediction,
+    verify_predictions,
+)
+from dataengine.external.bfcl.runtime import (
+    CLASS_MODULES,
+    INSTALL,
+    STATELESS_CLASSES,
+    call_method,
+    initial_state,
+    instances_for,
+    jsonable,
+    parse_call,
+    run_calls,
+    tool_class,
+    toolbox_for,
+    world,
+)
+from dataengine.external.bfcl.tasks import (
+    ALIASES,
+    AST_CATEGORIES,
+    CATEGORIES,
+    FUNC_DOC_FILES,
+    MULTI_TURN_CATEGORIES,
+    RELEVANCE_CATEGORIES,
+    canonical_category,
+    data_dir,
+    load_tasks,
+    read_jsonl,
+    to_json_schema,
+    tool_spec,
+    unsatisfiable,
+)
+from dataengine.external.bfcl.tasks import (
+    _answers as _answers,  # raw data rows, re-exported for comparisons with BFCL's own checker
+)
+from dataengine.external.bfcl.tasks import (
+    _entries as _entries,
+)
+
+__all__ = [
+    "ALIASES",
+    "AST_CATEGORIES",
+    "CATEGORIES",
+    "CLASS_MODULES",
+    "FUNC_DOC_FILES",
+    "INSTALL",
+    "MULTI_TURN_CATEGORIES",
+    "RELEVANCE_CATEGORIES",
+    "STATELESS_CLASSES",
+    "call_method",
+    "canonical_category",
+    "check_prediction",
+    "data_dir",
+    "gold_prediction",
+    "initial_state",
+    "instances_for",
+    "jsonable",
+    "load_tasks",
+    "parse_call",
+    "read_jsonl",
+    "run_calls",
+    "to_json_schema",
+    "tool_class",
+    "tool_spec",
+    "toolbox_for",
+    "unsatisfiable",
+    "verify_predictions",
+    "world",
+]
