@@ -174,31 +174,95 @@ def test_toolboxes_resolve_through_the_registry(bfcl):
     assert result.success and {v.name: v.passed for v in result.verdicts}["end_state"] is True
 
 
-@pytest.mark.external
-@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
-def test_cli_verify_bfcl(tmp_path, bfcl):
+def _verify_cli(*args: str):
     from typer.testing import CliRunner
 
     from dataengine.cli import app
 
-    task = bfcl.load_tasks("parallel", limit=1)[0]
-    gold = bfcl.gold_prediction(task)
-    reordered = {**gold, "calls": gold["calls"][::-1]}
-    extra = {**gold, "calls": gold["calls"] + gold["calls"][:1]}
+    return CliRunner().invoke(app, ["verify", "bfcl", *args])
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_cli_verify_bfcl(tmp_path, bfcl):
+    tasks = bfcl.load_tasks("parallel", limit=3)
+    golds = [bfcl.gold_prediction(t) for t in tasks]
+    reordered = {**golds[1], "calls": golds[1]["calls"][::-1]}
+    extra = {**golds[2], "calls": golds[2]["calls"] + golds[2]["calls"][:1]}
     preds = tmp_path / "p.jsonl"
-    preds.write_text("\n".join(json.dumps(x) for x in [gold, reordered, extra, {"id": "nope", "calls": []}]) + "\n")
+    preds.write_text("\n".join(json.dumps(x) for x in [golds[0], reordered, extra]) + "\n")
     out = tmp_path / "out" / "r.jsonl"
-    result = CliRunner().invoke(app, ["verify", "bfcl", "--category", "parallel", "--predictions", str(preds), "--out", str(out)])
+    result = _verify_cli("--category", "parallel", "--predictions", str(preds), "--out", str(out))
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["valid"] for r in rows] == [True, True, False, False]
-    assert "wrong number of calls" in rows[2]["reason"] and "unknown id" in rows[3]["reason"]
-    summary = json.loads(result.output.strip().splitlines()[-1])["summary"]
-    assert summary["valid"] == 2 and summary["unknown_ids"] == 1 and summary["missing_tasks"] == summary["tasks"] - 1
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "parallel_0"}\nnot json\n')
-    result = CliRunner(env={"COLUMNS": "500"}).invoke(app, ["verify", "bfcl", "--category", "parallel", "--predictions", str(bad)])
-    assert result.exit_code != 0 and "bad.jsonl:2: not valid JSON" in result.output
+    all_ids = bfcl.task_ids("parallel")
+    # one row per prediction, then one per task with no prediction
+    assert [r["id"] for r in rows] == [g["id"] for g in golds] + all_ids[3:]
+    assert [r["valid"] for r in rows[:3]] == [True, True, False] and not any(r["valid"] for r in rows[3:])
+    assert "wrong number of calls" in rows[2]["reason"] and {r["reason"] for r in rows[3:]} == {"no prediction"}
+    summary = json.loads(result.stdout.strip().splitlines()[-1])["summary"]
+    assert summary["tasks"] == len(all_ids) == 200 and summary["predicted"] == 3
+    assert summary["valid"] == 2 and summary["missing_tasks"] == 197
+    assert summary["accuracy"] == 2 / 200 and summary["accuracy_predicted"] == 2 / 3
+    assert "predicted 3 of 200 tasks" in result.stderr and "197 with no prediction count as failures" in result.stderr
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_cli_verify_bfcl_counts_tasks_not_lines(tmp_path, bfcl):
+    """Copies of one gold line do not score 1.0: a repeated id is an error, a lone line scores 1/tasks."""
+    gold = bfcl.gold_prediction(bfcl.load_tasks("parallel", limit=1)[0])
+    copies = tmp_path / "copies.jsonl"
+    copies.write_text((json.dumps(gold) + "\n") * 3)
+    result = _verify_cli("--category", "parallel", "--predictions", str(copies))
+    assert result.exit_code != 0
+    assert result.output.strip() == f"error: {copies}:2: duplicate id {gold['id']!r} (first seen at line 1): give one prediction per task"
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(gold) + "\n")
+    result = _verify_cli("--category", "parallel", "--predictions", str(one))
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])["summary"]
+    assert (summary["valid"], summary["predicted"], summary["tasks"], summary["accuracy"]) == (1, 1, 200, 1 / 200)
+    assert "per task" in summary["scoring"] and "predicted 1 of 200 tasks" in result.stderr
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"id": 5, "calls": []}', '"id" must be a string, got 5 (number)'),
+        ('{"id": ["parallel_1"], "calls": []}', '"id" must be a string, got ["parallel_1"] (array)'),
+        ('{"id": null, "calls": []}', '"id" must be a string, got null (null)'),
+        ('{"calls": []}', 'no "id"'),
+        ("not json", "not valid JSON (Expecting value)"),
+        ('["parallel_1"]', 'expected a JSON object {"id": ..., "calls": [...]}, got array'),
+        ('{"id": "nope", "calls": []}', "unknown id 'nope': not a task of BFCL category 'parallel'"),
+    ],
+)
+def test_cli_verify_bfcl_bad_line_is_a_one_line_error(tmp_path, bfcl, line, problem):
+    preds = tmp_path / "bad.jsonl"
+    preds.write_text('{"id": "parallel_0", "calls": []}\n' + line + "\n")
+    result = _verify_cli("--category", "parallel", "--predictions", str(preds))
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: {preds}:2: {problem}"
+
+
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_score_and_verify_predictions_as_functions(bfcl):
+    gold = bfcl.gold_prediction(bfcl.load_tasks("parallel", limit=1)[0])
+    with pytest.raises(bfcl.PredictionError, match=r"^prediction 2: duplicate id 'parallel_0' \(first seen at prediction 1\)"):
+        bfcl.score_predictions("parallel", [gold, gold])
+    with pytest.raises(bfcl.PredictionError, match=r'^prediction 1: "id" must be a string, got \["a"\] \(array\)$'):
+        bfcl.score_predictions("parallel", [{"id": ["a"], "calls": []}])
+    rows, summary = bfcl.score_predictions("simple", [gold | {"id": "simple_python_3"}])
+    assert summary["category"] == "simple_python" and summary["predicted"] == 1 and len(rows) == summary["tasks"]
+    # per-prediction verdicts stay available for perturbation checks; a non-string id is a verdict, not a crash
+    bad_args = {"id": "parallel_0", "calls": [{"name": "x", "arguments": 5}]}
+    verdicts = list(bfcl.verify_predictions("parallel", [{"id": ["a"], "calls": []}, bad_args]))
+    assert [v["valid"] for v in verdicts] == [False, False] and "unknown id" in verdicts[0]["reason"]
+    assert verdicts[1]["reason"] == "malformed prediction: arguments of 'x' must be a JSON object; got 5"
 
 
 @pytest.mark.external

@@ -4,29 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 
 
-def _read_predictions(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        raise typer.BadParameter(f"predictions file {path} does not exist", param_hint="--predictions")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise typer.BadParameter(f"{path}:{number}: not valid JSON ({exc.msg})", param_hint="--predictions") from None
-            if not isinstance(row, dict) or "id" not in row:
-                raise typer.BadParameter(
-                    f'{path}:{number}: each line must be an object {{"id": ..., "calls": [...]}}', param_hint="--predictions"
-                )
-            rows.append(row)
-    return rows
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=1)
 
 
 def register(app: typer.Typer) -> None:
@@ -36,22 +20,23 @@ def register(app: typer.Typer) -> None:
     def bfcl_command(
         category: str = typer.Option(..., "--category", help="BFCL category, e.g. simple, parallel, live_multiple, multi_turn_base."),
         predictions: Path = typer.Option(..., "--predictions", help='JSONL: {"id": ..., "calls": [{"name": ..., "arguments": {...}}]} per line.'),
-        out: Path | None = typer.Option(None, "--out", help="Write one {id, valid, reason} per line here (default: stdout)."),
+        out: Path | None = typer.Option(None, "--out", help="Write one {id, valid, reason} per prediction, then per task with no prediction, here (default: stdout)."),
     ) -> None:
-        """Check predictions with BFCL's rules (AST semantics; end state for multi-turn) and print a summary."""
+        """Check predictions with BFCL's rules (AST semantics; end state for multi-turn) and print a summary.
+
+        Scored per task: each id at most once, and tasks with no prediction count as failures.
+        """
         from dataengine.external import MissingPackageError, bfcl
 
         try:
             name = bfcl.canonical_category(category)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--category") from None
-        rows = _read_predictions(predictions)
         try:
-            task_ids = {t.metadata["bfcl_id"] for t in bfcl.load_tasks(name)}
-            results = list(bfcl.verify_predictions(name, rows))
-        except MissingPackageError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(code=1) from None
+            rows = bfcl.read_predictions(predictions, name)
+            results, summary = bfcl.score_predictions(name, rows)
+        except (bfcl.PredictionError, MissingPackageError) as exc:
+            _fail(str(exc))
         lines = [json.dumps(r, ensure_ascii=False) for r in results]
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -59,17 +44,12 @@ def register(app: typer.Typer) -> None:
         else:
             for line in lines:
                 typer.echo(line)
-        valid = sum(r["valid"] for r in results)
-        seen = {r["id"] for r in results}
-        summary = {
-            "category": name,
-            "predictions": len(results),
-            "valid": valid,
-            "accuracy": valid / len(results) if results else 0.0,
-            "unknown_ids": len(seen - task_ids),
-            "missing_tasks": len(task_ids - seen),
-            "tasks": len(task_ids),
-        }
+        typer.echo(
+            f"bfcl {name}: predicted {summary['predicted']} of {summary['tasks']} tasks, {summary['valid']} valid; "
+            f"accuracy {summary['accuracy']:.4f} over all {summary['tasks']} tasks "
+            f"({summary['missing_tasks']} with no prediction count as failures)",
+            err=True,
+        )
         typer.echo(json.dumps({"summary": summary}))
 
     app.add_typer(verify_app, name="verify")

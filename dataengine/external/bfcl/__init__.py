@@ -2,14 +2,19 @@
 
 - tasks.py: categories, the package's data as Tasks (`load_tasks`), BFCL schemas as JSON Schema.
 - runtime.py: BFCL's multi-turn tool classes behind a JSON-able state; the `bfcl:<category>` toolboxes.
-- checks.py: verdicts on predictions, BFCL's way (`verify_predictions`).
+- checks.py: verdicts on predictions, BFCL's way (`verify_predictions`), and per-task scoring
+  of prediction files (`read_predictions`, `score_predictions`).
 """
 
 from __future__ import annotations
 
 from dataengine.external.bfcl.checks import (
+    PredictionError,
     check_prediction,
     gold_prediction,
+    read_predictions,
+    score_predictions,
+    task_ids,
     verify_predictions,
 )
 from dataengine.external.bfcl.runtime import (
@@ -58,6 +63,7 @@ __all__ = [
     "MULTI_TURN_CATEGORIES",
     "RELEVANCE_CATEGORIES",
     "STATELESS_CLASSES",
+    "PredictionError",
     "call_method",
     "canonical_category",
     "check_prediction",
@@ -69,7 +75,10 @@ __all__ = [
     "load_tasks",
     "parse_call",
     "read_jsonl",
+    "read_predictions",
     "run_calls",
+    "score_predictions",
+    "task_ids",
     "to_json_schema",
     "tool_class",
     "tool_spec",

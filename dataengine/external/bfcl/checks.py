@@ -2,19 +2,26 @@
 
 A prediction is {"id": BFCL id, "calls": [{"name": ..., "arguments": {...}}]} (multi-turn: all
 calls in order, or "turns": [[call, ...], ...]).
+
+A prediction file is scored per task: each id of the category at most once (a repeated id is an
+error, not a second vote), and a task with no prediction counts as a failure, so accuracy is
+valid / tasks of the category.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from dataengine.external.bfcl.runtime import run_calls
 from dataengine.external.bfcl.tasks import (
     MULTI_TURN_CATEGORIES,
     RELEVANCE_CATEGORIES,
+    _entries,
+    canonical_category,
     load_tasks,
 )
 from dataengine.types import Task, ToolCall
@@ -23,18 +30,23 @@ from dataengine.types import Task, ToolCall
 def _calls_from(prediction: dict[str, Any]) -> list[ToolCall]:
     raw = prediction.get("calls")
     if raw is None and "turns" in prediction:
-        raw = [c for turn in prediction["turns"] for c in turn]
+        turns = prediction["turns"]
+        if not isinstance(turns, list) or not all(isinstance(turn, list) for turn in turns):
+            raise ValueError("'turns' must be a list of lists of calls")
+        raw = [c for turn in turns for c in turn]
     if raw is None:
         raise ValueError("prediction has neither 'calls' nor 'turns'")
     if not isinstance(raw, list):
         raise ValueError("'calls' must be a list of {'name': ..., 'arguments': {...}}")
     calls = []
     for item in raw:
-        if not isinstance(item, dict) or "name" not in item:
-            raise ValueError(f"each call must be an object with 'name' and 'arguments'; got {item!r}")
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ValueError(f"each call must be an object with a string 'name' and 'arguments'; got {item!r}")
         args = item.get("arguments", {})
         if isinstance(args, str):
             args = json.loads(args)
+        if not isinstance(args, dict):
+            raise ValueError(f"arguments of {item['name']!r} must be a JSON object; got {args!r}")
         calls.append(ToolCall(name=item["name"], arguments=args))
     return calls
 
@@ -69,7 +81,7 @@ def verify_predictions(category: str, predictions: Iterable[dict[str, Any]]) -> 
     tasks = {t.metadata["bfcl_id"]: t for t in load_tasks(category)}
     for prediction in predictions:
         pid = prediction.get("id")
-        task = tasks.get(pid)
+        task = tasks.get(pid) if isinstance(pid, str) else None
         if task is None:
             yield {"id": pid, "valid": False, "reason": f"unknown id for BFCL category {category!r}"}
             continue
@@ -85,3 +97,104 @@ def verify_predictions(category: str, predictions: Iterable[dict[str, Any]]) -> 
 def gold_prediction(task: Task) -> dict[str, Any]:
     """The prediction line that reproduces the gold calls of a task (for tests and examples)."""
     return {"id": task.metadata["bfcl_id"], "calls": [{"name": c.name, "arguments": c.arguments} for c in task.gold.calls]}
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+class PredictionError(ValueError):
+    """A prediction that cannot be scored per task; the message is one line naming where and what."""
+
+
+def _row_problem(row: Any, category: str, known: Collection[str], first_seen: dict[str, str], where: str) -> str | None:
+    """What makes `row` unscorable (not an object, no or non-string id, unknown id, repeated id), or None.
+
+    Records a new id in `first_seen` (id -> `where`, e.g. "line 3").
+    """
+    if not isinstance(row, dict):
+        return f'expected a JSON object {{"id": ..., "calls": [...]}}, got {_JSON_TYPES.get(type(row), "a non-object")}'
+    if "id" not in row:
+        return 'no "id"'
+    pid = row["id"]
+    if not isinstance(pid, str):
+        shown = json.dumps(pid)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return f'"id" must be a string, got {shown} ({_JSON_TYPES.get(type(pid), type(pid).__name__)})'
+    if pid not in known:
+        return f"unknown id {pid!r}: not a task of BFCL category {category!r}"
+    if pid in first_seen:
+        return f"duplicate id {pid!r} (first seen at {first_seen[pid]}): give one prediction per task"
+    first_seen[pid] = where
+    return None
+
+
+def task_ids(category: str) -> list[str]:
+    """The BFCL ids of every task of `category`, in file order."""
+    return [entry["id"] for entry in _entries(canonical_category(category))]
+
+
+def read_predictions(path: Path, category: str) -> list[dict[str, Any]]:
+    """The rows of a JSONL prediction file, each a prediction of a distinct task of `category`.
+
+    Raises PredictionError "<path>:<line>: <problem>" at the first line that is not JSON, not an
+    object, has no string "id", names no task of the category, or repeats an earlier id.
+    """
+    category = canonical_category(category)
+    ids = set(task_ids(category))
+    first_seen: dict[str, str] = {}
+    rows = []
+    try:
+        with path.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise PredictionError(f"{path}:{number}: not UTF-8 text") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise PredictionError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                problem = _row_problem(row, category, ids, first_seen, f"line {number}")
+                if problem is not None:
+                    raise PredictionError(f"{path}:{number}: {problem}")
+                rows.append(row)
+    except OSError as exc:
+        raise PredictionError(f"{path}: cannot read the predictions file ({exc.strerror})") from None
+    return rows
+
+
+def score_predictions(category: str, predictions: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per-task verdicts on `predictions` (at most one per task of `category`) and their summary.
+
+    Returns (rows, summary): rows are one {"id", "valid", "reason"} per prediction in order, then
+    one {"id", "valid": False, "reason": "no prediction"} per task left out; summary is
+    {"category", "tasks", "predicted", "missing_tasks", "valid", "accuracy": valid / tasks,
+    "accuracy_predicted": valid / predicted, "scoring": how accuracy was counted}.
+    Raises PredictionError ("prediction <n>: <problem>") as read_predictions does for its lines.
+    """
+    category = canonical_category(category)
+    all_ids = task_ids(category)
+    known = set(all_ids)
+    first_seen: dict[str, str] = {}
+    predictions = list(predictions)
+    for n, row in enumerate(predictions, start=1):
+        problem = _row_problem(row, category, known, first_seen, f"prediction {n}")
+        if problem is not None:
+            raise PredictionError(f"prediction {n}: {problem}")
+    rows = list(verify_predictions(category, predictions))
+    rows += [{"id": pid, "valid": False, "reason": "no prediction"} for pid in all_ids if pid not in first_seen]
+    valid = sum(r["valid"] for r in rows)
+    missing = len(all_ids) - len(first_seen)
+    summary = {
+        "category": category,
+        "tasks": len(all_ids),
+        "predicted": len(first_seen),
+        "missing_tasks": missing,
+        "valid": valid,
+        "accuracy": valid / len(all_ids) if all_ids else 0.0,
+        "accuracy_predicted": valid / len(first_seen) if first_seen else 0.0,
+        "scoring": f"per task: accuracy = valid / {len(all_ids)} tasks; the {missing} tasks with no prediction count as failures",
+    }
+    return rows, summary
