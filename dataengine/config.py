@@ -7,11 +7,12 @@ a silently ignored setting) and every error names the dotted path of the bad fie
 from __future__ import annotations
 
 import tomllib
+from os import PathLike
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -81,13 +82,178 @@ class DeriveConfig(Section):
     replay_high: float = Field(1.0, ge=0, le=1, description="GRPO replay: p_success below this")
 
 
+class GenerateConfig(Section):
+    """How `generate` makes trees or episodes; every field changes the output, so every field
+    is part of the run id."""
+
+    method: Literal["mcts", "best_of_n", "greedy"] = Field(
+        "mcts", description="tree search, or the sampling baselines best-of-N and greedy"
+    )
+    n: int | None = Field(None, ge=1, description="best_of_n: episodes per task (None: search.num_simulations)")
+    prior: Literal["logprob", "frequency"] = Field(
+        "logprob", description="edge priors: length-normalised log-probs, or sample frequency"
+    )
+    rollouts: int = Field(2, ge=1, description="Monte Carlo rollouts per leaf when search.value is 'rollout'")
+    value_model: str | None = Field(
+        None, description="fitted value head file (ValueModel.save) when search.value is 'value_model'"
+    )
+
+
+class EvalConfig(Section):
+    """Held-out evaluation: greedy success, pass@k and search at inference.
+
+    k: pass@k with k samples (0: no sampling); samples: n episodes per task for pass@k
+    (default k; more samples lower the estimator's variance); temperature, top_p: sampling of
+    the pass@k episodes (greedy is always temperature 0).
+    """
+
+    num_tasks: int = Field(20, ge=1, description="held-out tasks per suite")
+    k: int = Field(0, ge=0, description="pass@k (0: no sampled episodes)")
+    samples: int | None = Field(None, ge=1, description="episodes per task for pass@k (None: k)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of the pass@k episodes")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass of the pass@k episodes")
+    max_new_tokens: int = Field(96, ge=1, description="tokens per assistant turn")
+    seed: int = Field(0, description="seed of the held-out tasks and of sampling")
+    greedy: bool = Field(True, description="run the greedy episodes (greedy_success and the axes)")
+    search: bool = Field(False, description="also measure search-at-inference success")
+    search_simulations: int = Field(8, ge=1, description="search at inference: simulations per tree")
+    search_actions: int = Field(4, ge=1, description="search at inference: actions sampled per expansion")
+
+    @model_validator(mode="after")
+    def _sampling(self) -> EvalConfig:
+        if self.samples is not None and self.samples < max(1, self.k):
+            raise ValueError(f"samples (n={self.samples}) must be >= k={self.k} for the pass@k estimator")
+        if self.k and self.temperature <= 0:
+            raise ValueError("pass@k needs sampling: temperature must be > 0")
+        return self
+
+
+
+# ---------------------------------------------------------------------------- training
+
+
+class TrainConfig(Section):
+    """Settings every trainer shares; DPOTrainConfig, SFTTrainConfig and GRPOTrainConfig extend
+    it (dataengine.train maps them onto TRL's configs)."""
+
+    init: str = Field("smollm2", description="model to start from: 'smollm2', 'tiny' or a checkpoint folder")
+    out_dir: str = Field("checkpoints/run", description="folder the checkpoint is written to")
+    learning_rate: float = Field(1e-5, gt=0, description="peak AdamW learning rate")
+    num_train_epochs: float = Field(1.0, description="passes over the data (ignored if max_steps > 0)")
+    max_steps: int = Field(-1, description="optimizer steps; > 0 overrides num_train_epochs")
+    batch_size: int = Field(2, ge=1, description="examples per device per optimizer micro-step")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-steps per optimizer step")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear learning-rate warmup")
+    # The tool schemas and worked examples in the system turn take ~600 tokens of every prompt.
+    max_length: int = Field(1024, ge=32, description="longest tokenized sequence; longer ones are truncated")
+    lora: bool = Field(False, description="train LoRA adapters (peft) instead of all weights")
+    lora_rank: int = Field(16, ge=1, description="LoRA rank r")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA path")
+    seed: int = Field(0, description="seed of data order, dropout and sampling")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (saves memory)")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="'auto' (GPU when present), 'cpu' or 'cuda[:N]'")
+    logging_steps: int = Field(1, ge=1, description="log metrics every this many steps")
+    run_id: str | None = Field(None, description="run id for the store's models row")
+
+    @field_validator("init", "out_dir", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, PathLike) else value
+
+    @model_validator(mode="after")
+    def _something_to_train(self) -> TrainConfig:
+        if self.max_steps == 0 or (self.max_steps < 0 and self.num_train_epochs <= 0):
+            raise ValueError("set max_steps > 0 or num_train_epochs > 0: nothing would be trained")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any) -> Self:
+        """A validated copy with `changes` (None values keep the current setting)."""
+        return type(self).model_validate({**self.model_dump(), **{k: v for k, v in changes.items() if v is not None}})
+
+
+class DPOTrainConfig(TrainConfig):
+    """Settings of train_dpo (TRL DPOConfig underneath)."""
+
+    learning_rate: float = Field(5e-6, gt=0, description="peak AdamW learning rate")
+    beta: float = Field(0.1, gt=0, description="KL strength: higher keeps the policy closer to the reference")
+    loss_type: str = Field("sigmoid", description="TRL DPO loss: sigmoid, ipo, hinge, robust, ... (comma-separate to mix)")
+    behaviour_ref: bool = Field(
+        False, description="use the behaviour log-probs stored with the pairs as the reference (no reference model)"
+    )
+    precompute_ref_log_probs: bool = Field(
+        False, description="compute reference log-probs once before training (frees the reference model)"
+    )
+
+
+class SFTTrainConfig(TrainConfig):
+    """Settings of train_sft (TRL SFTConfig underneath)."""
+
+    learning_rate: float = Field(2e-5, gt=0, description="peak AdamW learning rate")
+    assistant_only_loss: bool = Field(
+        True, description="loss on assistant tokens only (prompts and tool outputs get label -100)"
+    )
+    packing: bool = Field(False, description="pack several examples into one max_length sequence")
+
+
+class GRPOTrainConfig(TrainConfig):
+    """Settings of train_grpo (TRL GRPOConfig underneath). batch_size counts completions, so it
+    must be a multiple of num_generations."""
+
+    learning_rate: float = Field(1e-6, gt=0, description="peak AdamW learning rate")
+    batch_size: int = Field(4, ge=1, description="completions per device per micro-step")
+    num_generations: int = Field(4, ge=2, description="rollouts per prompt (the GRPO group size; >= 2)")
+    max_completion_length: int = Field(
+        128, ge=8, description="token budget of a whole rollout (model and tool tokens together)"
+    )
+    max_tool_calls: int = Field(4, ge=1, description="tool-calling rounds per rollout")
+    max_episode_steps: int = Field(8, ge=1, description="ToolEnv step budget per episode")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the rollouts")
+    beta: float = Field(0.0, ge=0, description="KL penalty to the starting model (0: no reference model)")
+    loss_type: str = Field("dapo", description="TRL GRPO loss: grpo, dapo, dr_grpo, bnpo, ...")
+    scale_rewards: str = Field("group", description="advantage scaling: group, batch or none")
+    mask_truncated_completions: bool = Field(False, description="leave rollouts cut by the token budget out of the loss")
+    generation_kwargs: dict[str, Any] | None = Field(
+        None, description="extra transformers GenerationConfig settings (top_k, repetition_penalty, ...)"
+    )
+    use_vllm: bool = Field(False, description="generate with vLLM (GPU; colocate mode)")
+    sandbox_workers: int = Field(2, ge=1, description="sandbox worker processes executing tools")
+    tool_timeout_s: float = Field(5.0, gt=0, description="wall-clock limit of one tool call")
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> GRPOTrainConfig:
+        if (self.batch_size * self.gradient_accumulation_steps) % self.num_generations:
+            raise ValueError(
+                f"batch_size * gradient_accumulation_steps ({self.batch_size * self.gradient_accumulation_steps}) "
+                f"must be a multiple of num_generations ({self.num_generations})"
+            )
+        return self
+
+
+class TrainSection(Section):
+    """Each trainer's settings (init, out_dir and run_id are set per stage by the caller)."""
+
+    dpo: DPOTrainConfig = Field(default_factory=DPOTrainConfig)
+    sft: SFTTrainConfig = Field(default_factory=SFTTrainConfig)
+    grpo: GRPOTrainConfig = Field(default_factory=GRPOTrainConfig)
+
+    def for_kind(self, kind: str) -> TrainConfig:
+        if kind not in ("dpo", "sft", "grpo"):
+            raise ValueError(f"unknown trainer {kind!r}; choose dpo, sft or grpo")
+        return getattr(self, kind)
+
+
 class EngineConfig(Section):
     """The whole run: which tasks, which model, how to search, where to store."""
 
     store: str = Field("runs/store", description="store root folder")
     seed: int = Field(0, description="seed of task generation, sampling and search")
     suites: list[str] = Field(default_factory=lambda: ["arithmetic"], description="suite names")
-    num_tasks: int = Field(8, ge=1, description="tasks per suite")
+    num_tasks: int = Field(8, ge=1, description="tasks per suite (with task_file: at most this many)")
+    task_file: str | None = Field(None, description="a .jsonl/.parquet task file to search instead of the suites")
     split: Literal["train", "heldout"] = Field("train", description="which split to search")
     shard_size: int = Field(4, ge=1, description="tasks per shard (unit of commit and retry)")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
@@ -96,6 +262,23 @@ class EngineConfig(Section):
     search: SearchConfig = Field(default_factory=SearchConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     derive: DeriveConfig = Field(default_factory=DeriveConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
+
+    # Sections and fields that cannot change what `generate` writes: left out of its run id.
+    NOT_IN_RUN_ID: ClassVar[tuple[str, ...]] = ("store", "derive", "eval", "train", "sandbox.workers")
+
+    def output_settings(self) -> dict[str, Any]:
+        """The settings that change what `generate` writes (JSON), for its run id."""
+        data = self.model_dump(mode="json")
+        for dotted in self.NOT_IN_RUN_ID:
+            *parents, leaf = dotted.split(".")
+            node = data
+            for part in parents:
+                node = node[part]
+            node.pop(leaf, None)
+        return data
 
 
 class ConfigError(ValueError):

@@ -81,18 +81,8 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.float32 if dtype is None else dtype
-    if name_or_path == "smollm2":
-        folder, ident = _smollm2_folder(), SMOLLM2_NAME
-    elif name_or_path == "tiny":
-        folder, ident = _tiny_folder(), TINY_NAME
-    else:
-        folder = Path(name_or_path).expanduser()
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model {name_or_path!r}: not 'smollm2', not 'tiny', and not a Hugging Face folder "
-                f"with a config.json (looked at {folder})"
-            )
-        ident = folder.name
+    folder = model_folder(name_or_path)
+    ident = {"smollm2": SMOLLM2_NAME, "tiny": TINY_NAME}.get(name_or_path, folder.name)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
     model.eval()
@@ -104,6 +94,22 @@ def load_model(
         tokenizer.pad_token = tokenizer.eos_token
     setattr(model, _ID_ATTR, f"{ident}@{checkpoint_hash(folder)}")
     return model, tokenizer
+
+
+def model_folder(name_or_path: str) -> Path:
+    """The Hugging Face folder of "smollm2" (converted once from its GGUF), "tiny" (built once)
+    or a checkpoint folder; FileNotFoundError when a folder has no config.json."""
+    if name_or_path == "smollm2":
+        return _smollm2_folder()
+    if name_or_path == "tiny":
+        return _tiny_folder()
+    folder = Path(name_or_path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model {name_or_path!r}: not 'smollm2', not 'tiny', and not a Hugging Face folder "
+            f"with a config.json (looked at {folder})"
+        )
+    return folder
 
 
 def model_id(model: Any) -> str:

@@ -18,17 +18,12 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
 from dataengine.config import EngineConfig, Section
+from dataengine.stages.train import DATASET
 from flows.derived import DERIVED, derive_flow, export_flow
 from flows.evaluate import evaluate_flow
 from flows.generate import generate_flow
 from flows.runtime import RuntimeConfig, artifact_key, make_task_runner
-from flows.train import (
-    DATASET,
-    TrainSettings,
-    train_dpo_flow,
-    train_grpo_flow,
-    train_sft_flow,
-)
+from flows.train import train_dpo_flow, train_grpo_flow, train_sft_flow
 
 TRAIN_FLOWS = {"dpo": train_dpo_flow, "sft": train_sft_flow, "grpo": train_grpo_flow}
 
@@ -38,18 +33,17 @@ class PipelineConfig(Section):
 
     run_id: str = Field("pipeline", min_length=1, description="run id prefix of every run the pipeline writes")
     rounds: int = Field(1, ge=1, description="generate -> derive -> train -> evaluate rounds")
-    method: Literal["mcts", "best_of_n", "greedy"] = Field("mcts", description="how each round generates data")
     trainers: list[Literal["dpo", "sft", "grpo"]] = Field(
         default_factory=lambda: ["dpo"], description="trainers run in order each round, each from the last checkpoint"
     )
     derive: list[Literal["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]] = Field(
         default_factory=lambda: list(DERIVED), description="datasets derived from each round's trees"
     )
-    eval_tasks: int = Field(8, ge=1, description="held-out tasks per suite in each evaluation")
-    eval_k: int = Field(0, ge=0, description="pass@k of the evaluations (0: greedy only)")
     out_dir: str = Field("runs/pipeline", description="folder for exported datasets and checkpoints")
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    train: TrainSettings = Field(default_factory=TrainSettings)
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="every stage's settings: generate (method), search, policy, derive, train (per trainer), eval",
+    )
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
 
@@ -104,8 +98,7 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
 
     def evaluate(model: str, r: int) -> list[dict[str, Any]]:
         return evaluate_flow.with_options(task_runner=make_task_runner(rt))(
-            config=with_model(engine, model), num_tasks=config.eval_tasks, run_id=eval_run(config.run_id, r),
-            k=config.eval_k, runtime=rt)
+            config=with_model(engine, model), run_id=eval_run(config.run_id, r), runtime=rt)
 
     model = engine.policy.model
     evals = [(0, model, greedy(evaluate(model, 0)))]
@@ -113,7 +106,7 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
     for r in range(1, config.rounds + 1):
         run = round_run(config.run_id, r)
         gen = generate_flow.with_options(task_runner=make_task_runner(rt))(
-            config=with_model(engine, model, seed=engine.seed + r - 1), method=config.method, run_id=run, runtime=rt)
+            config=with_model(engine, model, seed=engine.seed + r - 1), run_id=run, runtime=rt)
         derived = derive_flow(store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=engine.derive)
         exported = export_flow(store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run])
         checkpoints = []
@@ -122,8 +115,9 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
             if not data.get("rows"):
                 get_run_logger().warning("round %d: no %s rows for %s; %s skipped", r, DATASET[kind][1], kind, kind)
                 continue
-            info = TRAIN_FLOWS[kind](data=data["path"], init=model, out_dir=str(out / "checkpoints" / f"r{r}-{kind}"),
-                                     store=store, run_id=run, settings=config.train,
+            settings = engine.train.for_kind(kind).replace(init=model, out_dir=str(out / "checkpoints" / f"r{r}-{kind}"),
+                                                           run_id=run)
+            info = TRAIN_FLOWS[kind](data=data["path"], config=settings, store=store,
                                      accelerator_slots=rt.accelerator_slots)
             checkpoints.append({k: info[k] for k in ("model_id", "parent_id", "path", "kind", "resumed")})
             model = info["path"]

@@ -1,5 +1,6 @@
 """How flows run: the task runner (threads or Ray), retries of transient errors with backoff,
-the accelerator concurrency limit, and the per-process policy and sandbox a worker reuses.
+and the accelerator concurrency limit. The per-process policy and sandbox a worker reuses are
+the stage layer's (dataengine.stages.resources.shared_resources).
 
 Embedded default: no PREFECT_API_URL set, so Prefect starts its local ephemeral API on first use
 (a SQLite database under PREFECT_HOME); nothing is started by hand. Point PREFECT_API_URL at a
@@ -8,10 +9,8 @@ Embedded default: no PREFECT_API_URL set, so Prefect starts its local ephemeral 
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from dataengine.config import Section
+from dataengine.stages.resources import release_resources  # noqa: F401 - flows' public cleanup
 
 # Global concurrency limit held while a task uses the model (GPU, or the CPU cores on a laptop).
 ACCELERATOR = "dataengine-accelerator"
@@ -132,52 +132,6 @@ def accelerator_slot() -> Iterator[None]:
 
     with concurrency(ACCELERATOR, occupy=1, strict=False):
         yield
-
-
-# ---------------------------------------------------------------------------- per-process resources
-
-_lock = threading.Lock()
-_policies: dict[str, Any] = {}
-_sandboxes: dict[str, Any] = {}
-
-
-def policy_for(config: Any) -> Any:
-    """The policy of an EngineConfig's `policy` section, loaded once per process (each thread
-    runner process or Ray worker holds one backend and reuses it for every shard)."""
-    from dataengine.search import make_policy_from_config
-
-    key = config.policy.model_dump_json()
-    with _lock:
-        if key not in _policies:
-            # One backend per process: a pipeline round's new checkpoint replaces the last one.
-            _policies.clear()
-            _policies[key] = make_policy_from_config(config)
-        return _policies[key]
-
-
-def env_for(config: Any, toolboxes: list[str]) -> Any:
-    """A ToolEnv over a Sandbox of `config.sandbox`, one Sandbox per process (closed at exit)."""
-    from dataengine.env import ToolEnv
-    from dataengine.tools.sandbox import Sandbox
-
-    key = config.sandbox.model_dump_json() + "|" + ",".join(sorted(toolboxes))
-    with _lock:
-        if key not in _sandboxes:
-            sb = config.sandbox
-            sandbox = Sandbox(workers=sb.workers, timeout_s=sb.timeout_s, memory_mb=sb.memory_mb, cpu_s=sb.cpu_s,
-                              max_output_bytes=sb.max_output_bytes, preload=sorted(toolboxes))
-            atexit.register(sandbox.close)
-            _sandboxes[key] = sandbox
-        return ToolEnv(_sandboxes[key], max_steps=config.env.max_steps)
-
-
-def release_resources() -> None:
-    """Drop cached policies and close cached sandboxes (tests, or after a pipeline)."""
-    with _lock:
-        for sandbox in _sandboxes.values():
-            sandbox.close()
-        _sandboxes.clear()
-        _policies.clear()
 
 
 def artifact_key(*parts: str) -> str:

@@ -261,14 +261,14 @@ def test_derive_bad_input(store, tmp_path):
 def test_derive_reads_real_search_rows(tmp_path):
     """The columns the search writes are the ones derivation reads (tiny model, two trees)."""
     from dataengine.config import EngineConfig
-    from dataengine.search import generate
+    from dataengine.stages.generate import generate
 
     config = EngineConfig(
         store=str(tmp_path / "store"), num_tasks=2, shard_size=2, env={"max_steps": 2},
         policy={"model": "tiny", "max_new_tokens": 8, "device": "cpu"},
         search={"num_simulations": 4, "num_actions": 2, "max_depth": 2, "value": "zero", "trees_per_batch": 2},
     )
-    summary = generate(config, method="mcts", run_id="real", progress=False)
+    summary = generate(config, run_id="real", progress=False)
     store = Store(tmp_path / "store")
     results = derive(store, run_ids=["real"], options=DeriveOptions(margin=0.0, replay_min_samples=1))
     assert [r.kind for r in results] == ["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]

@@ -117,7 +117,8 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     import json
 
     from flows.derived import export_flow
-    from flows.train import TrainSettings, train_dpo_flow
+    from dataengine.config import DPOTrainConfig
+    from flows.train import train_dpo_flow
     from storage import Store
 
     store = Store(tmp_path / "store")
@@ -132,9 +133,9 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     exported = export_flow(store=str(store.root), out_dir=str(tmp_path / "data"), kinds=["pairs", "sft"], run_ids=["p/r1"])
     assert exported["pairs"]["rows"] == 1  # two equal pairs: exact dedup keeps one; run "other" left out
     assert exported["sft"]["rows"] == 0 and exported["sft"]["path"] is None
-    settings = TrainSettings(max_steps=1, batch_size=1, max_length=128, device="cpu")
-    args = {"data": exported["pairs"]["path"], "init": "tiny", "out_dir": str(tmp_path / "ckpt"),
-            "store": str(store.root), "run_id": "p/r1", "settings": settings}
+    settings = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "ckpt"), run_id="p/r1", max_steps=1, batch_size=1,
+                              max_length=128, device="cpu")
+    args = {"data": exported["pairs"]["path"], "store": str(store.root), "config": settings}
     info = train_dpo_flow(**args)
     assert info["kind"] == "dpo" and not info["resumed"]
     assert store.models().collect()["model_id"].to_list() == [info["model_id"]]
@@ -142,9 +143,15 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     assert again["resumed"] and again["model_id"] == info["model_id"]
 
 
-def test_train_settings_name_unknown_fields():
-    from flows.train import TrainSettings, trainer_config
+def test_train_section_names_unknown_fields():
+    """Trainer settings live in the one config tree: a typo in a YAML file is an error naming
+    the dotted field, and every trainer's section carries its own defaults."""
+    from dataengine.config import ConfigError, load_config
 
-    with pytest.raises(ValueError, match="unknown field.*betta"):
-        trainer_config("dpo", TrainSettings(extra={"dpo": {"betta": 0.3}}), init="tiny", out_dir="x", run_id=None)
-    assert trainer_config("dpo", TrainSettings(extra={"dpo": {"beta": 0.3}}), init="tiny", out_dir="x", run_id=None).beta == 0.3
+    with pytest.raises(ConfigError, match="train.dpo.betta"):
+        load_config(None, train__dpo__betta=0.3)
+    config = load_config(None, train__dpo__beta=0.3)
+    assert config.train.dpo.beta == 0.3 and config.train.grpo.learning_rate == 1e-6
+    assert config.train.for_kind("dpo").replace(init="tiny", out_dir="x").beta == 0.3
+    with pytest.raises(ConfigError, match="num_generations"):
+        load_config(None, train__grpo__batch_size=6, train__grpo__num_generations=4)

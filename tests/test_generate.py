@@ -12,7 +12,10 @@ from dataengine.cli import app
 from dataengine.config import load_config
 from dataengine.env import ToolEnv
 from dataengine.policy import make_policy
-from dataengine.search import TokenBudget, generate, make_reward, play_episodes, shards
+from dataengine.config import ConfigError
+from dataengine.search import TokenBudget, play_episodes
+from dataengine.stages import make_reward
+from dataengine.stages.generate import default_run_id, generate, shards
 from dataengine.suites import generate_suite
 from dataengine.tools.sandbox import Sandbox
 from storage import Store
@@ -52,7 +55,8 @@ def config(store, **overrides):
 
 
 def test_shards_name_task_ranges(tasks):
-    assert [sid for sid, _ in shards(tasks, 3)] == ["tasks-000000-000002", "tasks-000003-000003"]
+    assert [s.shard_id for s in shards(tasks, 3)] == ["tasks-000000-000002", "tasks-000003-000003"]
+    assert [s.index for s in shards(tasks, 3)] == [0, 1]
     with pytest.raises(ValueError, match="shard_size"):
         shards(tasks, 0)
 
@@ -114,15 +118,16 @@ def test_best_of_n_and_greedy_charge_the_budget(env, tiny, tasks):
 
 
 def test_generate_baselines_write_sources(tmp_path, env, tiny, tasks):
-    cfg = config(tmp_path / "store")
-    bon = generate(cfg, method="best_of_n", n=2, tasks=tasks[:2], policy=tiny, env=env, progress=False)
-    greedy = generate(cfg, method="greedy", tasks=tasks[:2], policy=tiny, env=env, progress=False)
+    bon = generate(config(tmp_path / "store", generate__method="best_of_n", generate__n=2), tasks=tasks[:2], policy=tiny,
+                   env=env, progress=False)
+    greedy = generate(config(tmp_path / "store", generate__method="greedy"), tasks=tasks[:2], policy=tiny, env=env,
+                      progress=False)
     assert bon.run_id != greedy.run_id and bon.simulations == 0 and bon.trajectories == 4 and greedy.trajectories == 2
     trajs = Store(tmp_path / "store").trajectories().collect()
     assert sorted(set(trajs["source"])) == ["best_of_n", "greedy"]
     assert (trajs["num_generated_tokens"] > 0).all()
-    with pytest.raises(ValueError, match="unknown method"):
-        generate(cfg, method="beam", tasks=tasks[:1], policy=tiny, env=env, store=False, progress=False)
+    with pytest.raises(ConfigError, match="generate.method"):
+        config(tmp_path / "store", generate__method="beam")
 
 
 def test_cli_generate(tmp_path):
@@ -143,7 +148,7 @@ def test_cli_generate(tmp_path):
     assert again.exit_code == 0 and "already committed" in again.output
 
     bad = runner.invoke(app, ["generate", "--method", "beam", "--out", str(out)])
-    assert bad.exit_code != 0 and "unknown method" in bad.output
+    assert bad.exit_code != 0 and "generate.method" in bad.output
     bad = runner.invoke(app, ["generate", "--suite", "nosuch", "--out", str(out), "--model", "tiny"])
     assert bad.exit_code != 0 and "unknown suite" in bad.output
     bad = runner.invoke(app, ["generate", "--value", "oracle", "--out", str(out)])
@@ -155,11 +160,45 @@ def test_cli_generate(tmp_path):
 
 def test_run_id_follows_the_prompt_template(tmp_path, tasks, monkeypatch):
     import dataengine.chat_template as chat_template
-    from dataengine.search import default_run_id
-
     cfg = config(tmp_path / "store")
-    before = default_run_id(cfg, "mcts", tasks[:2])
-    assert default_run_id(cfg, "mcts", tasks[:2]) == before
+    before = default_run_id(cfg, tasks[:2])
+    assert default_run_id(cfg, tasks[:2]) == before
     assert chat_template.prompt_fingerprint(True) != chat_template.prompt_fingerprint(False)
     monkeypatch.setattr(chat_template, "prompt_fingerprint", lambda few_shot=True: "another-template")
-    assert default_run_id(cfg, "mcts", tasks[:2]) != before
+    assert default_run_id(cfg, tasks[:2]) != before
+
+
+def test_run_id_follows_every_output_setting(tmp_path, tasks):
+    """A rerun with another --rollouts, --n, method, prior, value head or temperature must not
+    resume the old run; the store folder and the derive/eval/train sections do not matter."""
+    base = default_run_id(config(tmp_path / "a"), tasks[:2])
+    changed = {
+        "generate__rollouts": 3, "generate__n": 5, "generate__method": "best_of_n", "generate__prior": "frequency",
+        "policy__temperature": 0.7, "search__num_simulations": 4, "seed": 1, "reward__weights": {"format": 0.1},
+    }
+    for key, value in changed.items():
+        assert default_run_id(config(tmp_path / "a", **{key: value}), tasks[:2]) != base, key
+    assert default_run_id(config(tmp_path / "b"), tasks[:2]) == base
+    same = {"derive__margin": 0.5, "eval__num_tasks": 3, "train__dpo__beta": 0.3,
+            "sandbox__workers": 4}
+    for key, value in same.items():
+        assert default_run_id(config(tmp_path / "a", **{key: value}), tasks[:2]) == base, key
+    head = tmp_path / "v.pt"
+    head.write_bytes(b"one")
+    with_head = default_run_id(config(tmp_path / "a", generate__value_model=str(head)), tasks[:2])
+    head.write_bytes(b"two")
+    assert default_run_id(config(tmp_path / "a", generate__value_model=str(head)), tasks[:2]) != with_head
+
+
+def test_cli_rerun_with_other_rollouts_starts_a_new_run(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "store"
+    args = ["generate", "--suite", "arithmetic", "--tasks", "1", "--model", "tiny", "--sims", "2", "--k", "2",
+            "--value", "rollout", "--max-new-tokens", "4", "--max-depth", "2", "--device", "cpu", "--store", str(out),
+            "--no-progress"]
+    first = runner.invoke(app, [*args, "--rollouts", "1"])
+    second = runner.invoke(app, [*args, "--rollouts", "2"])
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    assert "already committed" not in second.output
+    runs = set(Store(out).runs().collect()["run_id"])
+    assert len(runs) == 2

@@ -60,21 +60,25 @@ def register(app: typer.Typer) -> None:
         """Derive step pairs, trajectory pairs, the SFT set, recovery splices or GRPO replay
         prompts from a run's trees and write them to the store (pairs / sft / replay tables)."""
         from dataengine.config import ConfigError, load_config
-        from dataengine.derive import KINDS, DeriveOptions, derive
+        from dataengine.derive import KINDS
+        from dataengine.stages.datasets import derive_datasets
+        from storage import StoreError
 
         try:
             engine = load_config(config)
         except ConfigError as exc:
             _fail(str(exc))
+        if not run and not out_run:
+            _fail("give --run RUN (the source run; repeat for several), or --out-run to derive from every run")
         try:
-            options = DeriveOptions.from_config(
-                engine.derive, margin=margin, min_visits=min_visits, sft_per_task=sft_per_task,
-                replay_low=low, replay_high=high, critic_weight=critic_weight, pairs_per_task=pairs_per_task,
-                near_threshold=near, replay_min_samples=min_samples, replay_prefixes=prefixes, same_state=same_state,
-            )
             kinds = list(KINDS) if kind is DeriveKind.all else [kind.value]
-            results = derive(_open_store(store), kinds, run_ids=run or None, out_run_id=out_run, options=options)
-        except ValueError as exc:
+            results = derive_datasets(
+                _open_store(store), kinds, run_ids=run or None, out_run_id=out_run, derive=engine.derive,
+                margin=margin, min_visits=min_visits, sft_per_task=sft_per_task, replay_low=low, replay_high=high,
+                critic_weight=critic_weight, pairs_per_task=pairs_per_task, near_threshold=near,
+                replay_min_samples=min_samples, replay_prefixes=prefixes, same_state=same_state,
+            )
+        except (StoreError, ValueError) as exc:
             _fail(str(exc))
         for r in results:
             typer.echo(json.dumps({"kind": r.kind, "table": r.table, "run_id": r.run_id, "shard_id": r.shard_id,
@@ -83,73 +87,83 @@ def register(app: typer.Typer) -> None:
 
     @app.command("eval")
     def eval_command(
-        model: Annotated[str, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder.")] = "smollm2",
-        suite: Annotated[str, typer.Option("--suite", help="Built-in suite.")] = "arithmetic",
-        tasks: Annotated[int, typer.Option("--tasks", min=1, help="Held-out tasks.")] = 20,
-        store: Annotated[Path, typer.Option("--store", help="Store root folder (evals are written there).")] = DEFAULT_STORE,
-        k: Annotated[int, typer.Option("--k", min=0, help="pass@k (0: no sampled episodes).")] = 0,
+        model: Annotated[str | None, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder (config.policy.model).")] = None,
+        suite: Annotated[list[str] | None, typer.Option("--suite", help="Built-in suite (repeat for several; config.suites).")] = None,
+        tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="Held-out tasks per suite (config.eval.num_tasks).")] = None,
+        store: Annotated[Path | None, typer.Option("--store", help="Store root folder; evals are written there (config.store).")] = None,
+        config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file; flags override it.")] = None,
+        k: Annotated[int | None, typer.Option("--k", min=0, help="pass@k (0: no sampled episodes).")] = None,
         samples: Annotated[int | None, typer.Option("--samples", help="Episodes per task for pass@k (default k).")] = None,
-        search: Annotated[bool, typer.Option("--search/--no-search", help="Also measure search-at-inference success.")] = False,
-        sims: Annotated[int, typer.Option("--sims", min=1, help="Search: simulations per tree.")] = 8,
-        search_k: Annotated[int, typer.Option("--search-k", min=1, help="Search: actions sampled per expansion.")] = 4,
-        seed: Annotated[int, typer.Option("--seed", help="Seed of the held-out tasks and of sampling.")] = 0,
-        temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature of pass@k episodes.")] = 1.0,
-        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens per assistant turn.")] = 96,
-        max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Assistant turns per episode.")] = 6,
-        few_shot: Annotated[bool, typer.Option("--few-shot/--no-few-shot", help="Worked examples in the system prompt.")] = True,
-        device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+        search: Annotated[bool | None, typer.Option("--search/--no-search", help="Also measure search-at-inference success.")] = None,
+        sims: Annotated[int | None, typer.Option("--sims", min=1, help="Search: simulations per tree.")] = None,
+        search_k: Annotated[int | None, typer.Option("--search-k", min=1, help="Search: actions sampled per expansion.")] = None,
+        seed: Annotated[int | None, typer.Option("--seed", help="Seed of the held-out tasks and of sampling.")] = None,
+        temperature: Annotated[float | None, typer.Option("--temperature", help="Sampling temperature of pass@k episodes.")] = None,
+        max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1, help="Tokens per assistant turn.")] = None,
+        max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Assistant turns per episode.")] = None,
+        few_shot: Annotated[bool | None, typer.Option("--few-shot/--no-few-shot", help="Worked examples in the system prompt.")] = None,
+        device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda.")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the evals rows (default eval-<suite>-<seed>).")] = None,
     ) -> None:
         """Evaluate a model on held-out tasks: greedy success, pass@k, search at inference and
-        the when/which/how/final axes, with 95% intervals, written to the store's evals table."""
+        the when/which/how/final axes, with 95% intervals and the configured reward, written to
+        the store's evals table."""
         from rich.console import Console
         from rich.table import Table
 
-        from dataengine.evaluation import EvalConfig, write_report
-        from dataengine.suites import SUITE_MODULES, generate_suite
+        from dataengine.config import ConfigError, load_config
+        from dataengine.stages import Resources
+        from dataengine.stages.evaluate import evaluate_suite, heldout_tasks
+        from storage import StoreError
 
-        if suite not in SUITE_MODULES:
-            _fail(f"unknown suite {suite!r}; known suites: {', '.join(SUITE_MODULES)}")
-        config = EvalConfig(k=k, samples=samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
         try:
-            config.validate()
-        except ValueError as exc:
+            engine = load_config(
+                config, store=str(store) if store else None, suites=list(suite) if suite else None,
+                policy__model=model, policy__device=device, policy__few_shot=few_shot, env__max_steps=max_steps,
+                eval__num_tasks=tasks, eval__k=k, eval__samples=samples, eval__search=search,
+                eval__search_simulations=sims, eval__search_actions=search_k, eval__seed=seed,
+                eval__temperature=temperature, eval__max_new_tokens=max_new_tokens,
+                search__max_depth=max_steps,
+            )
+            per_suite = {s: heldout_tasks(engine, s) for s in engine.suites}
+        except (ConfigError, ValueError) as exc:
             _fail(str(exc))
-        held_out = generate_suite(suite, n_train=0, n_heldout=tasks, seed=seed)
-        db = _open_store(store, create=True)
-        report, settings = run_eval(model, held_out, config, search=search, sims=sims, search_k=search_k,
-                                    max_steps=max_steps, few_shot=few_shot, device=device, seed=seed)
-        version = write_report(db, report, run_id=run_id or f"eval-{suite}-{seed}", config=settings)
-        table = Table("metric", "value", "95% CI", "n", title=f"{report.model_id} on {tasks} held-out {suite} tasks")
-        for m in report.metrics:
-            value = "-" if m.value is None else f"{m.value:.3f}"
-            table.add_row(m.metric, value, f"[{m.ci_low:.3f}, {m.ci_high:.3f}]", str(m.n))
-        Console().print(table)
-        typer.echo(f"evals table version {version}; {report.seconds:.1f} s")
+        toolboxes = sorted({t.toolbox for ts in per_suite.values() for t in ts})
+        try:
+            with Resources.open(engine, toolboxes) as res:
+                results = [evaluate_suite(res, s, run_id or f"eval-{s}-{engine.eval.seed}", tasks=ts)
+                           for s, ts in per_suite.items()]
+        except (StoreError, FileNotFoundError) as exc:
+            _fail(str(exc))
+        for r in results:
+            table = Table("metric", "value", "95% CI", "n",
+                          title=f"{r['model_id']} on {engine.eval.num_tasks} held-out {r['suite']} tasks")
+            for name, (value, low, high) in r["metrics"].items():
+                ci = f"[{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+                table.add_row(name, "-" if value is None else f"{value:.3f}", ci, str(r["n"].get(name, "")))
+            Console().print(table)
+            done = "already in the store (skipped)" if r["skipped"] else f"evals table version {r['version']}; {r['seconds']:.1f} s"
+            typer.echo(f"{r['suite']}: {done}")
 
+    @app.command("rescore")
+    def rescore_command(
+        run: Annotated[str, typer.Option("--run", help="Stored run whose trajectories are re-scored.")],
+        store: Annotated[Path | None, typer.Option("--store", help="Store root folder (config.store).")] = None,
+        out_run: Annotated[str | None, typer.Option("--out-run", help="Run id of the rescored rows (default <run>/rescore).")] = None,
+        config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file; its reward and sandbox sections apply.")] = None,
+    ) -> None:
+        """Replay a stored run's trajectories through a fresh ToolEnv and score them with the
+        current verifiers (after a verifier changed); written as a new run, shard by shard."""
+        from dataengine.config import ConfigError, load_config
+        from dataengine.stages.rescore import rescore
+        from storage import StoreError
 
-def run_eval(model: str, tasks: list, config, *, search: bool = False, sims: int = 8, search_k: int = 4,
-             max_steps: int = 6, few_shot: bool = True, device: str = "auto", seed: int = 0, policy=None):
-    """Load `model`, open a sandbox and evaluate; returns (EvalReport, settings dict)."""
-    from dataengine.config import EngineConfig
-    from dataengine.env import ToolEnv
-    from dataengine.evaluation import evaluate
-    from dataengine.evaluation.search import search_at_inference
-    from dataengine.policy import make_policy
-    from dataengine.tools.sandbox import Sandbox
-
-    if policy is None:
-        policy = make_policy("hf", model, device=device, fewshot=few_shot)
-    engine = EngineConfig(
-        seed=seed,
-        env={"max_steps": max_steps},
-        policy={"model": model, "max_new_tokens": config.max_new_tokens, "few_shot": few_shot},
-        search={"num_simulations": sims, "num_actions": search_k, "max_depth": max_steps},
-    )
-    settings = {"model": model, "eval": asdict(config), "search": engine.search.model_dump() if search else None,
-                "max_steps": max_steps, "few_shot": few_shot}
-    with Sandbox(workers=2, preload=sorted({t.toolbox for t in tasks})) as sandbox:
-        env = ToolEnv(sandbox, max_steps=max_steps)
-        finder = search_at_inference(policy, env, engine, seed=seed) if search else None
-        report = evaluate(policy, env, tasks, config, search=finder)
-    return report, settings
+        try:
+            engine = load_config(config, store=str(store) if store else None)
+            results = rescore(engine, run, out_run)
+        except (ConfigError, StoreError, ValueError) as exc:
+            _fail(str(exc))
+        if not results:
+            typer.echo(f"run {run}: every shard already rescored; nothing to do")
+        for r in results:
+            typer.echo(json.dumps(asdict(r), sort_keys=True))

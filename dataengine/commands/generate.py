@@ -17,9 +17,9 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder (config.policy.model).")] = None,
         sims: Annotated[int | None, typer.Option("--sims", min=1, help="Simulations per tree (config.search.num_simulations).")] = None,
         k: Annotated[int | None, typer.Option("--k", min=1, help="Candidate actions sampled per expansion (config.search.num_actions).")] = None,
-        out: Annotated[str | None, typer.Option("--out", help="Store folder (config.store).")] = None,
+        store: Annotated[str | None, typer.Option("--store", "--out", help="Store folder (config.store); --out is the old name.")] = None,
         config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file (.yaml/.toml); flags override it.")] = None,
-        method: Annotated[str, typer.Option("--method", help="mcts | best_of_n | greedy.")] = "mcts",
+        method: Annotated[str | None, typer.Option("--method", help="mcts | best_of_n | greedy (config.generate.method).")] = None,
         split: Annotated[str | None, typer.Option("--split", help="train | heldout (config.split).")] = None,
         seed: Annotated[int | None, typer.Option("--seed", help="Seed of tasks, sampling and search (config.seed).")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id; a rerun with the same id skips committed shards. Default: a hash of config, method and tasks.")] = None,
@@ -32,9 +32,11 @@ def register(app: typer.Typer) -> None:
         leaves: Annotated[int | None, typer.Option("--leaves", min=1, help="Leaves per tree per iteration (L).")] = None,
         trees: Annotated[int | None, typer.Option("--trees", min=1, help="Trees searched together (B).")] = None,
         shard_size: Annotated[int | None, typer.Option("--shard-size", min=1, help="Tasks per shard (unit of commit and resume).")] = None,
-        n: Annotated[int | None, typer.Option("--n", min=1, help="best_of_n: episodes per task (default: --sims).")] = None,
-        rollouts: Annotated[int, typer.Option("--rollouts", min=1, help="Rollouts per leaf for --value rollout.")] = 2,
-        value_model: Annotated[Path | None, typer.Option("--value-model", help="Fitted value head (ValueModel.save) for --value value_model.")] = None,
+        n: Annotated[int | None, typer.Option("--n", min=1, help="best_of_n: episodes per task (config.generate.n; default --sims).")] = None,
+        rollouts: Annotated[int | None, typer.Option("--rollouts", min=1, help="Rollouts per leaf for --value rollout (config.generate.rollouts).")] = None,
+        value_model: Annotated[Path | None, typer.Option("--value-model", help="Fitted value head (ValueModel.save) for --value value_model (config.generate.value_model).")] = None,
+        prior: Annotated[str | None, typer.Option("--prior", help="logprob | frequency (config.generate.prior).")] = None,
+        temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature (config.policy.temperature; 0.7 makes SmolLM2 call tools most).")] = None,
         device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda (config.policy.device).")] = None,
         progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
     ) -> None:
@@ -45,10 +47,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from dataengine.config import ConfigError, load_config
-        from dataengine.search.run import METHODS, generate
+        from dataengine.stages.generate import generate
 
-        if method not in METHODS:
-            raise typer.BadParameter(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param_hint="--method")
         from dataengine.suites import SUITE_MODULES
 
         for name in suite or ():
@@ -56,18 +56,22 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"unknown suite {name!r}; known: {', '.join(SUITE_MODULES)}", param_hint="--suite")
         if value_model is not None and not value_model.is_file():
             raise typer.BadParameter(f"value head file {value_model} does not exist", param_hint="--value-model")
+        if task_file is not None and not task_file.is_file():
+            raise typer.BadParameter(f"task file {task_file} does not exist", param_hint="--task-file")
         try:
             cfg = load_config(
                 config,
-                store=out,
+                store=store,
                 seed=seed,
                 suites=list(suite) if suite else None,
                 num_tasks=tasks,
+                task_file=str(task_file) if task_file else None,
                 split=split,
                 shard_size=shard_size,
                 policy__model=model,
                 policy__device=device,
                 policy__max_new_tokens=max_new_tokens,
+                policy__temperature=temperature,
                 search__num_simulations=sims,
                 search__num_actions=k,
                 search__algorithm=algorithm,
@@ -77,47 +81,28 @@ def register(app: typer.Typer) -> None:
                 search__max_generated_tokens=max_tokens,
                 search__leaves_per_iteration=leaves,
                 search__trees_per_batch=trees,
+                generate__method=method,
+                generate__n=n,
+                generate__rollouts=rollouts,
+                generate__prior=prior,
+                generate__value_model=str(value_model) if value_model else None,
             )
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=2) from None
-        task_list = None
-        if task_file is not None:
-            from dataengine.suites import TaskFileError, load_tasks
-
-            try:
-                task_list = load_tasks(task_file)
-            except (TaskFileError, FileNotFoundError) as exc:
-                raise typer.BadParameter(str(exc), param_hint="--task-file") from None
-            task_list = [t for t in task_list if t.split == cfg.split][: cfg.num_tasks if tasks else None]
-            if not task_list:
-                raise typer.BadParameter(f"{task_file} holds no {cfg.split} tasks", param_hint="--task-file")
+        if cfg.search.value == "value_model" and cfg.generate.value_model is None:
+            raise typer.BadParameter("--value value_model needs --value-model FILE", param_hint="--value-model")
         if cfg.policy.model not in ("smollm2", "tiny") and not (Path(cfg.policy.model) / "config.json").is_file():
             raise typer.BadParameter(
                 f"model {cfg.policy.model!r} is not 'smollm2', 'tiny' or a folder with a config.json", param_hint="--model"
             )
-        head = None
-        if cfg.search.value == "value_model":
-            if value_model is None:
-                raise typer.BadParameter("--value value_model needs --value-model FILE", param_hint="--value-model")
-            from dataengine.search.run import make_policy_from_config
-            from dataengine.values import ValueModel
+        from dataengine.suites import TaskFileError
 
-            policy = make_policy_from_config(cfg)
-            head = ValueModel(policy.model, policy.tokenizer).load(value_model)  # type: ignore[attr-defined]
-        else:
-            policy = None
-        summary = generate(
-            cfg,
-            method=method,  # type: ignore[arg-type]
-            tasks=task_list,
-            run_id=run_id,
-            policy=policy,
-            n=n,
-            rollouts=rollouts,
-            value_model=head,
-            progress=progress,
-        )
+        try:
+            summary = generate(cfg, run_id=run_id, progress=progress)
+        except (TaskFileError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=2) from None
         console = Console()
         if summary.shards_written == 0:
             console.print(f"run {summary.run_id}: all {summary.shards_skipped} shard(s) already committed in {summary.store}; nothing to do")

@@ -36,9 +36,12 @@ _RUN = typer.Option(None, "--run-id", help="Run id of the models row.")
 def _open_store(path: Optional[Path]) -> Any:
     if path is None:
         return None
-    from storage.store import Store
+    from storage import Store, StoreError
 
-    return Store(path, create=False)
+    try:
+        return Store(path, create=False)
+    except StoreError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--store") from None
 
 
 def _common(init: str, out: Path, steps: int, epochs: float, batch: Optional[int], lora: bool, rank: int,
@@ -61,6 +64,26 @@ def _load(kind: str, data: Optional[Path], store: Any, **filters: Any) -> Any:
         return load_training_data(kind, data, store=None if data is not None else store, **filters)
     except TrainingDataError as exc:
         raise typer.BadParameter(str(exc)) from exc
+
+
+def _config(cls: Any, **values: Any) -> Any:
+    """A validated trainer config; a bad value is a one-line error naming the field."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise typer.BadParameter(f"{'.'.join(str(p) for p in err['loc']) or cls.__name__}: {err['msg']}") from None
+
+
+def _train(kind: str, config: Any, rows: Any, store: Any) -> None:
+    from dataengine.stages.train import train_checkpoint
+
+    info, resumed = train_checkpoint(kind, config, rows, store=store)
+    if resumed:
+        typer.echo(f"{config.out_dir} already holds a {info.kind} checkpoint; not trained again")
+    _report(info)
 
 
 def _report(info: Any) -> None:
@@ -90,14 +113,15 @@ def dpo_command(
     limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
 ) -> None:
     """Offline DPO on step and/or trajectory preference pairs."""
-    from dataengine.train.dpo import DPOTrainConfig, train_dpo
+    from dataengine.config import DPOTrainConfig
 
     st = _open_store(store)
     rows = _load("preference", data, st, pair_kind=pair_kind, min_margin=min_margin, behaviour_ref=behaviour_ref,
                  limit=limit)
-    config = DPOTrainConfig(**_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length, device,
-                                      run_id, lr), beta=beta, loss_type=loss_type, behaviour_ref=behaviour_ref)
-    _report(train_dpo(config, rows, store=st))
+    config = _config(DPOTrainConfig, **_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length,
+                                               device, run_id, lr), beta=beta, loss_type=loss_type,
+                     behaviour_ref=behaviour_ref)
+    _train("dpo", config, rows, st)
 
 
 @train_app.command("sft")
@@ -109,13 +133,13 @@ def sft_command(
     limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
 ) -> None:
     """Rejection-sampling SFT with the loss on assistant tokens only."""
-    from dataengine.train.sft import SFTTrainConfig, train_sft
+    from dataengine.config import SFTTrainConfig
 
     st = _open_store(store)
     rows = _load("sft", data, st, limit=limit)
-    config = SFTTrainConfig(**_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length, device,
-                                      run_id, lr))
-    _report(train_sft(config, rows, store=st))
+    config = _config(SFTTrainConfig, **_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length,
+                                               device, run_id, lr))
+    _train("sft", config, rows, st)
 
 
 @train_app.command("grpo")
@@ -133,15 +157,15 @@ def grpo_command(
     limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
 ) -> None:
     """Online GRPO: rollouts call tools through the sandboxed ToolEnv, rewards from the verifiers."""
-    from dataengine.train.grpo import GRPOTrainConfig, train_grpo
+    from dataengine.config import GRPOTrainConfig
 
     st = _open_store(store)
     rows = _load("prompt", data, st, drop_zero_variance=drop_zero_variance and data is None, limit=limit)
     values = _common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length, device, run_id, lr)
     values.setdefault("batch_size", num_generations)
-    config = GRPOTrainConfig(**values, num_generations=num_generations, max_completion_length=max_completion_length,
-                             max_tool_calls=max_tool_calls, beta=beta)
-    _report(train_grpo(config, rows, store=st))
+    config = _config(GRPOTrainConfig, **values, num_generations=num_generations,
+                     max_completion_length=max_completion_length, max_tool_calls=max_tool_calls, beta=beta)
+    _train("grpo", config, rows, st)
 
 
 @train_app.command("chain")
@@ -157,11 +181,9 @@ def chain_command(
     max_completion_length: int = typer.Option(128, "--max-completion-length", help="GRPO token budget per rollout."),
 ) -> None:
     """Offline DPO, then (optionally) SFT, then online GRPO, each from the previous checkpoint."""
+    from dataengine.config import DPOTrainConfig, GRPOTrainConfig, SFTTrainConfig
     from dataengine.train.chain import train_chain
     from dataengine.train.data import TrainingDataError
-    from dataengine.train.dpo import DPOTrainConfig
-    from dataengine.train.grpo import GRPOTrainConfig
-    from dataengine.train.sft import SFTTrainConfig
 
     order = [s.strip() for s in stages.split(",") if s.strip()]
     if not order or any(s not in ("dpo", "sft", "grpo") for s in order):
@@ -170,9 +192,9 @@ def chain_command(
     try:
         infos = train_chain(
             _open_store(store), init=init, out_dir=out, stages=order,
-            dpo=DPOTrainConfig(**common, behaviour_ref=behaviour_ref), sft=SFTTrainConfig(**common),
-            grpo=GRPOTrainConfig(**common, batch_size=num_generations, num_generations=num_generations,
-                                 max_completion_length=max_completion_length),
+            dpo=_config(DPOTrainConfig, **common, behaviour_ref=behaviour_ref), sft=_config(SFTTrainConfig, **common),
+            grpo=_config(GRPOTrainConfig, **common, batch_size=num_generations, num_generations=num_generations,
+                         max_completion_length=max_completion_length),
             limit=limit,
         )
     except TrainingDataError as exc:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dataengine.config import EvalConfig
 from dataengine.env import ToolEnv
 from dataengine.evaluation.rollout import MAX_NEW_TOKENS, Rollout, rollouts, run_summary
 from dataengine.evaluation.stats import bootstrap_interval, pass_at_k, wilson_interval
@@ -28,34 +29,6 @@ from dataengine.types import Task
 from dataengine.verifiers import CompositeReward, axes
 
 AXES = ("when", "which", "how", "final")
-
-
-@dataclass
-class EvalConfig:
-    """Settings of `evaluate`.
-
-    k: pass@k with k samples (0: no sampling); samples: n episodes per task for pass@k
-        (default k; more samples lower the estimator's variance).
-    temperature, top_p: sampling of the pass@k episodes (greedy is always temperature 0).
-    max_new_tokens: tokens per assistant turn; seed: sampling seed.
-    greedy: run the greedy episodes (greedy_success and the axes).
-    """
-
-    k: int = 0
-    samples: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = MAX_NEW_TOKENS
-    seed: int = 0
-    greedy: bool = True
-
-    def validate(self) -> None:
-        if self.k < 0:
-            raise ValueError(f"k must be >= 0 (0: no pass@k), got {self.k}")
-        if self.samples is not None and self.samples < max(1, self.k):
-            raise ValueError(f"samples (n={self.samples}) must be >= k={self.k} for the pass@k estimator")
-        if self.k and self.temperature <= 0:
-            raise ValueError("pass@k needs sampling: temperature must be > 0")
 
 
 @dataclass
@@ -153,14 +126,13 @@ def evaluate(
 ) -> EvalReport:
     """Greedy, pass@k and (with `search`) search-at-inference metrics of `policy` on `tasks`."""
     config = config or EvalConfig()
-    config.validate()
     tasks = list(tasks)
     if not tasks:
         raise ValueError("evaluate needs at least one task")
     reward = reward or CompositeReward(replay=env.replay)
     suite = suite or ",".join(sorted({t.suite for t in tasks}))
     split = ",".join(sorted({t.split for t in tasks}))
-    settings = {k: v for k, v in asdict(config).items()}
+    settings = config.model_dump(mode="json")
     start = time.perf_counter()
     metrics: list[Metric] = []
     outcomes: list[Outcome] = []

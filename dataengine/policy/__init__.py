@@ -11,6 +11,7 @@ from dataengine.policy.base import (
     Sample,
     cut_at_stop,
     make_policy,
+    policy_from_config,
 )
 
-__all__ = ["STOP_STRINGS", "Conversation", "Policy", "PolicyStats", "Sample", "cut_at_stop", "make_policy"]
+__all__ = ["STOP_STRINGS", "Conversation", "Policy", "PolicyStats", "Sample", "cut_at_stop", "make_policy", "policy_from_config"]

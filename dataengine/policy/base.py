@@ -129,9 +129,12 @@ class Policy(ABC):
         max_new_tokens: int = 128,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
-        """K samples for each conversation: `[len(convs)][k]`. Same seed and inputs, same samples."""
+        """K samples for each conversation: `[len(convs)][k]`. Same seed and inputs, same samples.
+
+        seed: one for the whole call, or one per conversation (`conv_seeds`).
+        """
 
     @abstractmethod
     def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:
@@ -151,6 +154,16 @@ def cut_at_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> tuple[str, bo
     """`text` cut before the first stop string, and whether one was found."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text, False) if cut < 0 else (text[:cut], True)
+
+
+def conv_seeds(seed: int | Sequence[int], n: int) -> list[int]:
+    """The seed of each of `n` conversations: `seed` for all of them, or one given per conversation."""
+    if isinstance(seed, int):
+        return [seed] * n
+    seeds = [int(s) for s in seed]
+    if len(seeds) != n:
+        raise ValueError(f"sample got {len(seeds)} seeds for {n} conversations")
+    return seeds
 
 
 def check_sampling_args(k: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
@@ -181,7 +194,9 @@ class Timer:
 def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "cpu", **options: Any) -> Policy:
     """Build a policy. backend: "hf" (transformers) or "vllm"; model: "smollm2", "tiny" or a folder.
 
-    Extra options go to the backend (e.g. prefix_reuse=False, fewshot="..." for HFPolicy).
+    Both backends take the prompt options fewshot, system and listing; other options go to the
+    backend (e.g. prefix_reuse=False for HFPolicy, gpu_memory_utilization for vLLM). `device`
+    is the hf backend's ("auto", "cpu", "cuda"); vLLM places its engine itself.
     """
     if backend == "hf":
         from dataengine.policy.hf import HFPolicy
@@ -192,3 +207,9 @@ def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "c
 
         return VLLMPolicy.load(model, **options)
     raise ValueError(f"unknown policy backend {backend!r}; choose 'hf' or 'vllm'")
+
+
+def policy_from_config(config: Any) -> Policy:
+    """The policy of a `config.PolicyConfig` section (backend, model, device, few_shot): the one
+    factory the stages, flows and CLI use."""
+    return make_policy(config.backend, config.model, device=config.device, fewshot=config.few_shot)

@@ -15,7 +15,8 @@ A hand-written batched decode loop over `model(...)` with a DynamicCache, becaus
 3. Rows that end (end-of-turn token or a stop string) are dropped from the batch.
 
 Sampling is seeded per row: the uniform draw for token t of sample i of a prompt is a hash of
-(seed, prompt tokens, i, t), so the same seed and inputs give the same samples whatever the
+(seed, prompt tokens, i, t) (the seed of the call, or of that conversation when one per
+conversation is given), so the same seed and inputs give the same samples whatever the
 batch composition, and the prefix-reuse and no-reuse modes sample the same tokens (up to float
 rounding of the logits).
 """
@@ -38,6 +39,7 @@ from dataengine.policy.base import (
     Sample,
     Timer,
     check_sampling_args,
+    conv_seeds,
     cut_at_stop,
 )
 
@@ -203,25 +205,15 @@ class HFPolicy(Policy):
     ) -> "HFPolicy":
         """Load `model` ("smollm2", "tiny" or a folder) on `device` ("auto" picks cuda when present).
 
-        fewshot: None keeps the installed template (the built-in example episodes); True shows
-        the example episodes; False none; a string is shown as text in the system turn instead
-        of the episodes. system: the default system text. listing: "compact" or "json" tools.
+        fewshot, system, listing: the prompt options (`chat_template.install_prompt_options`).
         """
-        from dataengine.chat_template import DEFAULT_SYSTEM, install_tool_template
+        from dataengine.chat_template import install_prompt_options
         from dataengine.models import load_model
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         lm, tokenizer = load_model(model, device=device, dtype=dtype)
-        if fewshot is not None or system is not None or listing is not None:
-            install_tool_template(
-                tokenizer,
-                fewshot=fewshot if isinstance(fewshot, str) else None,
-                examples="default" if fewshot is None or fewshot is True else None,
-                listing=listing or "compact",
-                system=DEFAULT_SYSTEM if system is None else system,
-                force=True,
-            )
+        install_prompt_options(tokenizer, fewshot=fewshot, system=system, listing=listing)
         return cls(lm, tokenizer, **options)
 
     # ---- rendering -------------------------------------------------------------------------
@@ -247,11 +239,12 @@ class HFPolicy(Policy):
         max_new_tokens: int = 128,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
         check_sampling_args(k, max_new_tokens, temperature, top_p)
         if not convs:
             return []
+        seeds = conv_seeds(seed, len(convs))
         with Timer(self.stats):
             self.stats.calls += 1
             prompts = [self.encode(c) for c in convs]
@@ -260,7 +253,7 @@ class HFPolicy(Policy):
             rows = [(c, i) for c in range(len(convs)) for i in range(k)]
             for start in range(0, len(rows), self.max_batch_rows):
                 chunk = rows[start : start + self.max_batch_rows]
-                samples = self._generate(prompts, chunk, max_new_tokens, temperature, top_p, seed)
+                samples = self._generate(prompts, chunk, max_new_tokens, temperature, top_p, seeds)
                 for (c, _), s in zip(chunk, samples):
                     out[c].append(s)
             self.stats.sequences += len(rows)
@@ -426,7 +419,7 @@ class HFPolicy(Policy):
         max_new_tokens: int,
         temperature: float,
         top_p: float,
-        seed: int,
+        seeds: list[int],
     ) -> list[Sample]:
         """Sample one turn for each (prompt index, sample index) row, all rows decoded together."""
 
@@ -447,7 +440,7 @@ class HFPolicy(Policy):
             valid[b, tp - r.past_len :] = True
         pos = torch.tensor([[r.past_len] for r in past_rows], dtype=torch.long, device=dev)
         tokens = torch.tensor([[prompts[c][-1]] for c, _ in rows], dtype=torch.long, device=dev)
-        keys = [_row_key(seed, prompts[c], i) for c, i in rows]
+        keys = [_row_key(seeds[c], prompts[c], i) for c, i in rows]
         active = list(range(n))  # original row of each batch position
         gen: list[list[int]] = [[] for _ in rows]
         lps: list[list[float]] = [[] for _ in rows]

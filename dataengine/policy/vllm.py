@@ -28,6 +28,7 @@ from dataengine.policy.base import (
     Sample,
     Timer,
     check_sampling_args,
+    conv_seeds,
     cut_at_stop,
 )
 
@@ -79,18 +80,23 @@ class VLLMPolicy(Policy):
         gpu_memory_utilization: float = 0.5,
         dtype: str = "auto",
         seed: int = 0,
+        fewshot: str | bool | None = None,
+        system: str | None = None,
+        listing: str | None = None,
         **engine_options: Any,
     ) -> "VLLMPolicy":
         """Start a vLLM engine on `model` ("smollm2", "tiny" or a Hugging Face folder) with
-        automatic prefix caching on. The converted SmolLM2 folder is what vLLM loads."""
+        automatic prefix caching on. The converted SmolLM2 folder is what vLLM loads.
+        fewshot, system, listing: the prompt options, as for the hf backend."""
         vllm = _import_vllm()
-        from dataengine.chat_template import install_tool_template
-        from dataengine.models import _smollm2_folder, _tiny_folder, checkpoint_hash
+        from dataengine.chat_template import install_prompt_options, install_tool_template
+        from dataengine.models import checkpoint_hash, model_folder
 
-        folder = {"smollm2": _smollm2_folder, "tiny": _tiny_folder}.get(model, lambda: model)()
+        folder = model_folder(model)
         from transformers import AutoTokenizer
 
         tokenizer = install_tool_template(AutoTokenizer.from_pretrained(folder))
+        install_prompt_options(tokenizer, fewshot=fewshot, system=system, listing=listing)
         engine = vllm.LLM(
             model=str(folder),
             enable_prefix_caching=True,
@@ -117,11 +123,16 @@ class VLLMPolicy(Policy):
         max_new_tokens: int = 128,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
         check_sampling_args(k, max_new_tokens, temperature, top_p)
         if not convs:
             return []
+        # One seed per request: the caller's per-conversation seeds, or derived from the call's.
+        if isinstance(seed, int):
+            seeds = [(seed * 1_000_003 + i) % (2**31) for i in range(len(convs))]
+        else:
+            seeds = [s % (2**31) for s in conv_seeds(seed, len(convs))]
         with Timer(self.stats):
             prompts = [self.encode(c) for c in convs]
             params = [
@@ -130,8 +141,7 @@ class VLLMPolicy(Policy):
                     temperature=temperature,
                     top_p=top_p,
                     max_tokens=max_new_tokens,
-                    # One seed per request so a state's samples do not depend on its batch position.
-                    seed=(seed * 1_000_003 + i) % (2**31),
+                    seed=seeds[i],
                     logprobs=0,
                     stop=list(self.stop_strings),
                     stop_token_ids=self.eos_ids,

@@ -1,7 +1,9 @@
-"""LLM tree search over tool-use episodes, sampling baselines, and generation runs.
+"""LLM tree search over tool-use episodes and the sampling baselines.
 
-    from dataengine.search import generate, search_batch, run_shard, LLMExpander
-    summary = generate(config, method="mcts")       # or "best_of_n", "greedy"
+    from dataengine.search import search_batch, run_shard, LLMExpander
+    out = run_shard(shard_id, tasks, method="mcts", policy=..., env=..., reward=..., config=..., seed=0)
+
+A whole run (plan, run id, shards, store) is the generate stage: dataengine.stages.generate.
 
 See docs/search.md. The tensor search itself lives in mcts/; this package is its LLM adapter
 (nodes = conversation + env snapshot, edges = merged sampled actions) and the store writer.
@@ -20,18 +22,11 @@ from dataengine.search.nodes import (
 )
 from dataengine.search.run import (
     METHODS,
-    GenerateSummary,
     SearchBatch,
     ShardOutput,
     batch_rows,
-    config_tasks,
-    default_run_id,
-    generate,
-    make_policy_from_config,
-    make_reward,
     run_shard,
     search_batch,
-    shards,
     write_shard,
 )
 
@@ -39,7 +34,6 @@ __all__ = [
     "METHODS",
     "Edge",
     "ExpandCounters",
-    "GenerateSummary",
     "LLMExpander",
     "LeafValue",
     "NodeTable",
@@ -50,18 +44,12 @@ __all__ = [
     "TokenBudget",
     "batch_rows",
     "best_of_n",
-    "config_tasks",
-    "default_run_id",
     "edge_priors",
-    "generate",
     "greedy",
-    "make_policy_from_config",
-    "make_reward",
     "merge_samples",
     "play_episodes",
     "prior_logits",
     "run_shard",
     "search_batch",
-    "shards",
     "write_shard",
 ]

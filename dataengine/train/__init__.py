@@ -1,12 +1,12 @@
 """Training with TRL: offline DPO, rejection-sampling SFT and online GRPO with tools.
 
-Each trainer is a config dataclass plus a plain function (callable without Prefect) that writes
+Each trainer is a config section (dataengine.config: TrainConfig and one subclass per trainer) plus a plain function (callable without Prefect) that writes
 a checkpoint folder loadable with dataengine.models.load_model(path) and, given a store,
 registers it in the models table with its parent and the dataset versions it used.
 Heavy libraries (torch, TRL) are imported inside the functions.
 """
 
-from dataengine.train.base import TrainConfig
+from dataengine.config import TrainConfig
 from dataengine.train.checkpoint import (
     CheckpointInfo,
     read_checkpoint_info,

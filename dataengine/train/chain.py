@@ -4,7 +4,6 @@ one store."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +40,15 @@ def train_chain(
     for stage in stages:
         out = str(Path(out_dir) / stage)
         if stage == "dpo":
-            config = dataclasses.replace(dpo or DPOTrainConfig(), init=current, out_dir=out)
+            config = (dpo or DPOTrainConfig()).replace(init=current, out_dir=out)
             data = load_training_data("preference", store=store, pair_kind=pair_kind,
                                       behaviour_ref=config.behaviour_ref, limit=limit)
             info = train_dpo(config, data, store=store)
         elif stage == "sft":
-            config = dataclasses.replace(sft or SFTTrainConfig(), init=current, out_dir=out)
+            config = (sft or SFTTrainConfig()).replace(init=current, out_dir=out)
             info = train_sft(config, load_training_data("sft", store=store, limit=limit), store=store)
         else:
-            config = dataclasses.replace(grpo or GRPOTrainConfig(), init=current, out_dir=out)
+            config = (grpo or GRPOTrainConfig()).replace(init=current, out_dir=out)
             data = load_training_data("prompt", store=store, drop_zero_variance=drop_zero_variance, limit=limit)
             info = train_grpo(config, data, store=store)
         infos.append(info)

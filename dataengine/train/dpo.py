@@ -11,39 +11,16 @@ overwriting them with a fresh reference pass.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
-from dataengine.train.base import TrainConfig, train_metrics
+from dataengine.config import DPOTrainConfig
+from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 
 log = logging.getLogger(__name__)
 
 REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
-
-
-@dataclass
-class DPOTrainConfig(TrainConfig):
-    """Settings of train_dpo (TRL DPOConfig underneath)."""
-
-    learning_rate: float = field(default=5e-6, metadata={"help": "Peak AdamW learning rate."})
-    beta: float = field(default=0.1, metadata={"help": "KL strength: higher keeps the policy closer to the reference."})
-    loss_type: str = field(
-        default="sigmoid", metadata={"help": "TRL DPO loss: sigmoid, ipo, hinge, robust, ... (comma-separate to mix)."}
-    )
-    behaviour_ref: bool = field(
-        default=False,
-        metadata={"help": "Use the behaviour log-probs stored with the pairs as the reference (no reference model)."},
-    )
-    precompute_ref_log_probs: bool = field(
-        default=False, metadata={"help": "Compute reference log-probs once before training (frees the ref model)."}
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        if self.beta <= 0:
-            raise ValueError(f"beta must be > 0, got {self.beta}")
 
 
 def _dpo_trainer_class() -> type:
@@ -68,7 +45,6 @@ def build_dpo_trainer(config: DPOTrainConfig, data: TrainingData) -> tuple[Any, 
 
     from dataengine.models import load_model
 
-    config.validate()
     rows = data.rows
     has_ref = all(all(c in r for c in REF_COLUMNS) for r in rows)
     if config.behaviour_ref and not has_ref:
@@ -82,10 +58,10 @@ def build_dpo_trainer(config: DPOTrainConfig, data: TrainingData) -> tuple[Any, 
     from datasets import Dataset
 
     dataset = Dataset.from_list(rows)
-    model, tokenizer = load_model(config.init, device=config.model_device())
+    model, tokenizer = load_model(config.init, device=model_device(config))
     model.train()
     args = DPOConfig(
-        **config.trl_kwargs(),
+        **trl_kwargs(config),
         beta=config.beta,
         loss_type=[t.strip() for t in config.loss_type.split(",") if t.strip()],
         max_length=config.max_length,
@@ -94,14 +70,14 @@ def build_dpo_trainer(config: DPOTrainConfig, data: TrainingData) -> tuple[Any, 
     ref_model = None
     if not config.behaviour_ref and not config.lora and not config.precompute_ref_log_probs:
         # The reference is the starting model itself, loaded the same way (same weights, same dtype).
-        ref_model, _ = load_model(config.init, device=config.model_device())
+        ref_model, _ = load_model(config.init, device=model_device(config))
     trainer = _dpo_trainer_class()(
         model=model,
         ref_model=ref_model,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=config.peft_config(),
+        peft_config=peft_config(config),
     )
     return trainer, model, tokenizer
 

@@ -19,55 +19,15 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from dataengine.train.base import TrainConfig, train_metrics
+from dataengine.config import GRPOTrainConfig
+from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.environment import environment_factories, final_reply, regroup_turns
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GRPOTrainConfig(TrainConfig):
-    """Settings of train_grpo (TRL GRPOConfig underneath). batch_size counts completions, so it
-    must be a multiple of num_generations."""
-
-    learning_rate: float = field(default=1e-6, metadata={"help": "Peak AdamW learning rate."})
-    batch_size: int = field(default=4, metadata={"help": "Completions per device per micro-step."})
-    num_generations: int = field(default=4, metadata={"help": "Rollouts per prompt (the GRPO group size)."})
-    max_completion_length: int = field(
-        default=128, metadata={"help": "Token budget of a whole rollout (model and tool tokens together)."}
-    )
-    max_tool_calls: int = field(default=4, metadata={"help": "Tool-calling rounds per rollout."})
-    max_episode_steps: int = field(default=8, metadata={"help": "ToolEnv step budget per episode."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the rollouts."})
-    beta: float = field(default=0.0, metadata={"help": "KL penalty to the starting model (0: no reference model)."})
-    loss_type: str = field(default="dapo", metadata={"help": "TRL GRPO loss: grpo, dapo, dr_grpo, bnpo, ..."})
-    scale_rewards: str = field(default="group", metadata={"help": "Advantage scaling: group, batch or none."})
-    mask_truncated_completions: bool = field(
-        default=False, metadata={"help": "Leave rollouts cut by the token budget out of the loss."}
-    )
-    generation_kwargs: dict[str, Any] | None = field(
-        default=None, metadata={"help": "Extra transformers GenerationConfig settings (top_k, repetition_penalty, ...)."}
-    )
-    use_vllm: bool = field(default=False, metadata={"help": "Generate with vLLM (GPU; colocate mode)."})
-    sandbox_workers: int = field(default=2, metadata={"help": "Sandbox worker processes executing tools."})
-    tool_timeout_s: float = field(default=5.0, metadata={"help": "Wall-clock limit of one tool call."})
-
-    def validate(self) -> None:
-        super().validate()
-        if self.num_generations < 2:
-            raise ValueError(f"num_generations must be >= 2 (GRPO compares rollouts in a group), got {self.num_generations}")
-        if (self.batch_size * self.gradient_accumulation_steps) % self.num_generations:
-            raise ValueError(
-                f"batch_size * gradient_accumulation_steps ({self.batch_size * self.gradient_accumulation_steps}) "
-                f"must be a multiple of num_generations ({self.num_generations})"
-            )
-        if self.max_completion_length < 8:
-            raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
 
 
 def verifier_reward(composite: Any) -> Callable[..., list[float]]:
@@ -115,14 +75,13 @@ def build_grpo_trainer(
 
     from dataengine.models import load_model
 
-    config.validate()
     rows, toolboxes = _with_environment_column(data.rows)
-    model, tokenizer = load_model(config.init, device=config.model_device())
+    model, tokenizer = load_model(config.init, device=model_device(config))
     model.train()
     # GRPOTrainer generates from left-padded prompts; train_grpo restores the side before saving.
     tokenizer._dataengine_padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
-    kwargs = config.trl_kwargs()
+    kwargs = trl_kwargs(config)
     args = GRPOConfig(
         **kwargs,
         num_generations=config.num_generations,
@@ -143,7 +102,7 @@ def build_grpo_trainer(
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=config.peft_config(),
+        peft_config=peft_config(config),
         environment_factory=environment_factories(toolboxes, tool_env),
     )
     return trainer, model, tokenizer

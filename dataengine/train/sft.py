@@ -9,25 +9,14 @@ every <tool_response> get label -100 and are never trained on.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
-from dataengine.train.base import TrainConfig, train_metrics
+from dataengine.config import SFTTrainConfig
+from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SFTTrainConfig(TrainConfig):
-    """Settings of train_sft (TRL SFTConfig underneath)."""
-
-    learning_rate: float = field(default=2e-5, metadata={"help": "Peak AdamW learning rate."})
-    assistant_only_loss: bool = field(
-        default=True, metadata={"help": "Loss on assistant tokens only (prompts and tool outputs get label -100)."}
-    )
-    packing: bool = field(default=False, metadata={"help": "Pack several examples into one max_length sequence."})
 
 
 def build_sft_trainer(config: SFTTrainConfig, data: TrainingData) -> tuple[Any, Any, Any]:
@@ -38,11 +27,10 @@ def build_sft_trainer(config: SFTTrainConfig, data: TrainingData) -> tuple[Any, 
 
     from dataengine.models import load_model
 
-    config.validate()
-    model, tokenizer = load_model(config.init, device=config.model_device())
+    model, tokenizer = load_model(config.init, device=model_device(config))
     model.train()
     args = SFTConfig(
-        **config.trl_kwargs(),
+        **trl_kwargs(config),
         assistant_only_loss=config.assistant_only_loss,
         max_length=config.max_length,
         packing=config.packing,
@@ -52,7 +40,7 @@ def build_sft_trainer(config: SFTTrainConfig, data: TrainingData) -> tuple[Any, 
         args=args,
         train_dataset=Dataset.from_list(data.rows),
         processing_class=tokenizer,
-        peft_config=config.peft_config(),
+        peft_config=peft_config(config),
     )
     return trainer, model, tokenizer
 

@@ -123,7 +123,7 @@ def train_reward_model(
     from transformers import AutoModelForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
-    from dataengine.models import _smollm2_folder, _tiny_folder, load_model
+    from dataengine.models import load_model, model_folder
 
     dataset = pairs if isinstance(pairs, Dataset) else Dataset.from_list(list(pairs))
     missing = [c for c in ("chosen", "rejected") if c not in dataset.column_names]
@@ -131,7 +131,7 @@ def train_reward_model(
         raise ValueError(f"reward pairs lack column(s) {missing}; expected prompt/chosen/rejected message lists")
     if len(dataset) == 0:
         raise ValueError("no reward pairs to train on")
-    folder = {"smollm2": _smollm2_folder, "tiny": _tiny_folder}.get(base, lambda: Path(base))()
+    folder = model_folder(base)
     _, tokenizer = load_model(str(folder))
     model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1, dtype=torch.float32)
     model.config.pad_token_id = tokenizer.pad_token_id

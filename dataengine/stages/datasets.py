@@ -1,0 +1,49 @@
+"""The derive and export stages: datasets from the stored trees (dataengine.derive), and TRL
+files from the derived tables (storage.export)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataengine.config import DeriveConfig
+
+
+def derive_datasets(store: Any, kinds: list[str], *, run_ids: list[str] | None = None, out_run_id: str | None = None,
+                    derive: DeriveConfig | None = None, **overrides: Any) -> list[Any]:
+    """Derive `kinds` (step-pairs, trajectory-pairs, sft, recovery, replay) from `run_ids` (None:
+    every run; then give out_run_id) with config.derive's settings, `overrides` (None: keep) on
+    top; written to the store with lineage. Returns one DeriveResult per dataset."""
+    from dataengine.derive import DeriveOptions, derive as derive_rows
+    from dataengine.stages.resources import open_store
+
+    options = DeriveOptions.from_config(derive or DeriveConfig(), **overrides)
+    return derive_rows(open_store(store, create=False), list(kinds), run_ids=list(run_ids or []) or None,
+                       out_run_id=out_run_id, options=options)
+
+
+def selected_rows(store: Any, kind: str, run_ids: list[str] | None) -> int:
+    """Rows of table `kind` in `run_ids` (None: all)."""
+    import polars as pl
+
+    if not store.has_table(kind):
+        return 0
+    frame = store.scan(kind)
+    if run_ids:
+        frame = frame.filter(pl.col("run_id").is_in(list(run_ids)))
+    return frame.select(pl.len()).collect().item()
+
+
+def export_dataset(store: Any, kind: str, out: str, *, fmt: str = "parquet", filters: Any = None,
+                   **options: Any) -> Any:
+    """storage.export.export of `kind` (pairs, sft, replay) to `out`; None when the selection is
+    empty: nothing is written (an empty file would fail a trainer later, less clearly).
+    `options` go to storage.export.export (versions, dedup, include_logprobs, ...)."""
+    from dataengine.stages.resources import open_store
+    from storage.export import ExportFilters, export
+
+    store = open_store(store, create=False)
+    filters = filters or ExportFilters()
+    if selected_rows(store, kind, filters.run_ids) == 0:
+        return None
+    result = export(store, kind, out, format=fmt, filters=filters, **options)
+    return result if result.rows else None

@@ -1,0 +1,53 @@
+"""The evaluate stage: one suite's held-out tasks, the policy's greedy success, pass@k and
+(optionally) search at inference, with config.reward's verifiers, written to the `evals` table
+as shard "<model_id>/<suite>/heldout" of a run (skipped when that shard is committed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataengine.config import EngineConfig
+from dataengine.stages.resources import Resources
+
+
+def heldout_tasks(config: EngineConfig, suite: str) -> list[Any]:
+    """config.eval.num_tasks held-out tasks of `suite`, drawn with config.eval.seed."""
+    from dataengine.suites import SUITE_MODULES, generate_suite
+
+    if suite not in SUITE_MODULES:
+        raise ValueError(f"unknown suite {suite!r}; known suites: {', '.join(SUITE_MODULES)}")
+    return generate_suite(suite, n_train=0, n_heldout=config.eval.num_tasks, seed=config.eval.seed)
+
+
+def search_config(config: EngineConfig) -> EngineConfig:
+    """The engine config search at inference runs with: config.eval's simulations and actions."""
+    e = config.eval
+    return config.model_copy(update={"search": config.search.model_copy(
+        update={"num_simulations": e.search_simulations, "num_actions": e.search_actions})})
+
+
+def evaluate_suite(resources: Resources, suite: str, run_id: str, *, tasks: list[Any] | None = None) -> dict[str, Any]:
+    """Evaluate resources.policy on `suite` (tasks: default `heldout_tasks`); returns {suite,
+    model_id, metrics: {name: (value, ci_low, ci_high)}, n, seconds, skipped, version}."""
+    import polars as pl
+
+    from dataengine.evaluation import evaluate, write_report
+    from dataengine.evaluation.search import search_at_inference
+
+    config, store, policy = resources.config, resources.store, resources.policy
+    tasks = tasks if tasks is not None else heldout_tasks(config, suite)
+    shard = f"{policy.model_id}/{suite}/heldout"
+    if shard in store.committed_shards("evals", run_id):
+        rows = store.evals().filter((pl.col("run_id") == run_id) & (pl.col("shard_id") == shard)).collect()
+        return {"suite": suite, "model_id": policy.model_id, "skipped": True, "seconds": 0.0, "version": None,
+                "metrics": {r["metric"]: (r["value"], r["ci_low"], r["ci_high"]) for r in rows.iter_rows(named=True)},
+                "n": {r["metric"]: r["n"] for r in rows.iter_rows(named=True)}}
+    finder = None
+    if config.eval.search:
+        finder = search_at_inference(policy, resources.env, search_config(config), reward=resources.reward,
+                                     seed=config.eval.seed)
+    report = evaluate(policy, resources.env, tasks, config.eval, reward=resources.reward, suite=suite, search=finder)
+    version = write_report(store, report, run_id=run_id, config={"engine": config.model_dump(mode="json")})
+    return {"suite": suite, "model_id": report.model_id, "skipped": False, "seconds": report.seconds,
+            "version": version, "metrics": {m.metric: (m.value, m.ci_low, m.ci_high) for m in report.metrics},
+            "n": {m.metric: m.n for m in report.metrics}}

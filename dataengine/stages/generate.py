@@ -1,0 +1,290 @@
+"""The generate stage: which tasks, which shards, which run id, and one shard searched (or
+sampled) and committed.
+
+    plan = plan_generate(config)                       # run id + shards
+    with Resources.open(config, plan.toolboxes) as res:
+        record_generate_run(res.store, config, plan.run_id, model_id=res.policy.model_id,
+                            verifier_versions=res.reward.versions())
+        for shard in plan.todo(res.store):
+            generate_shard(res, plan.run_id, shard)
+
+`dataengine generate` runs that loop (`generate`); the generate flow runs `generate_shard` as one
+Prefect task per shard. Both derive a shard's seed the same way (config.seed + 1000 * index),
+so the CLI and the flow write the same trees.
+
+Per shard: one Delta transaction per table, in the order nodes, trajectories, tasks; the `tasks`
+rows mark the shard committed, so a rerun with the same run id skips it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dataengine.config import EngineConfig
+from dataengine.stages.resources import Resources
+from dataengine.types import Task, stable_hash
+
+SHARD_SEED_STRIDE = 1_000
+
+
+@dataclass(frozen=True)
+class Shard:
+    """index: position in the run; shard_id: the task index range ("tasks-000000-000003")."""
+
+    index: int
+    shard_id: str
+    tasks: list[Task]
+
+
+@dataclass
+class GeneratePlan:
+    """The run id and the shards of one generate run."""
+
+    run_id: str
+    shards: list[Shard]
+
+    @property
+    def toolboxes(self) -> list[str]:
+        return sorted({t.toolbox for s in self.shards for t in s.tasks})
+
+    def todo(self, store: Any) -> list[Shard]:
+        """The shards not yet committed in `store`."""
+        committed = store.committed_shards("tasks", self.run_id)
+        return [s for s in self.shards if s.shard_id not in committed]
+
+
+@dataclass
+class ShardResult:
+    """What one shard produced (counts; the rows are in the store)."""
+
+    shard_id: str
+    skipped: bool = False
+    trees: int = 0
+    simulations: int = 0
+    nodes: int = 0
+    trajectories: int = 0
+    successes: int = 0
+    solved_task_ids: list[str] = field(default_factory=list)
+    generated_tokens: int = 0
+    env_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    store_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def solved(self) -> int:
+        return len(self.solved_task_ids)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "solved": self.solved}
+
+
+@dataclass
+class GenerateSummary:
+    """A generation run, as flows and the CLI print it.
+
+    trees: tasks searched (or sampled) in this call; simulations: MCTS simulations backed up
+    (0 for baselines); successes: successful trajectories; solved: tasks with at least one;
+    seconds: wall time of this call; model_seconds: time inside the policy (sampling, scoring);
+    env_seconds / verify_seconds / store_seconds: time in env steps (sandboxed tool calls),
+    terminal verifiers and store writes.
+    """
+
+    run_id: str
+    method: str
+    store: str | None
+    trees: int = 0
+    simulations: int = 0
+    nodes: int = 0
+    trajectories: int = 0
+    successes: int = 0
+    solved: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+    model_seconds: float = 0.0
+    env_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    store_seconds: float = 0.0
+    shards_written: int = 0
+    shards_skipped: int = 0
+    solved_task_ids: list[str] = field(default_factory=list)
+
+    @property
+    def successes_per_million_tokens(self) -> float:
+        return 1e6 * self.successes / self.generated_tokens if self.generated_tokens else 0.0
+
+    @property
+    def outside_model_share(self) -> float:
+        """Share of wall time spent outside the policy (env, verifiers, search core, store)."""
+        return 1.0 - self.model_seconds / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, shard: ShardResult) -> None:
+        if shard.skipped:
+            self.shards_skipped += 1
+            return
+        self.shards_written += 1
+        for name in ("trees", "simulations", "nodes", "trajectories", "successes", "generated_tokens",
+                     "env_seconds", "verify_seconds", "store_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(shard, name))
+        self.solved += shard.solved
+        self.solved_task_ids += shard.solved_task_ids
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("solved_task_ids")
+        out["successes_per_million_tokens"] = round(self.successes_per_million_tokens, 1)
+        out["outside_model_share"] = round(self.outside_model_share, 4)
+        return out
+
+
+# ---------------------------------------------------------------------------- plan
+
+
+def config_tasks(config: EngineConfig) -> list[Task]:
+    """The tasks of a config: config.task_file's tasks of config.split (at most num_tasks when
+    set), else config.num_tasks tasks of each suite in config.suites, seeded by config.seed."""
+    from dataengine.suites import generate_suite, load_tasks
+
+    if config.task_file is not None:
+        tasks = [t for t in load_tasks(config.task_file) if t.split == config.split]
+        if not tasks:
+            raise ValueError(f"task file {config.task_file} holds no {config.split} tasks")
+        return tasks[: config.num_tasks]
+    tasks: list[Task] = []
+    for suite in config.suites:
+        if config.split == "train":
+            tasks += generate_suite(suite, n_train=config.num_tasks, n_heldout=0, seed=config.seed)
+        else:
+            tasks += generate_suite(suite, n_train=0, n_heldout=config.num_tasks, seed=config.seed)
+    return tasks
+
+
+def shards(tasks: Sequence[Task], shard_size: int) -> list[Shard]:
+    """The shards of `tasks` in order; shard_id names the task index range."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    out = []
+    for index, start in enumerate(range(0, len(tasks), shard_size)):
+        part = list(tasks[start : start + shard_size])
+        out.append(Shard(index, f"tasks-{start:06d}-{start + len(part) - 1:06d}", part))
+    return out
+
+
+def default_run_id(config: EngineConfig, tasks: Sequence[Task]) -> str:
+    """A run id fixed by every setting that changes the output (`EngineConfig.output_settings`:
+    method, n, rollouts, prior, search, policy, ...), the value head's bytes, the tasks and the
+    prompt template: the same command resumes, any changed setting starts a new run."""
+    from dataengine.chat_template import prompt_fingerprint
+
+    value_model = config.generate.value_model
+    key = stable_hash({
+        "config": config.output_settings(),
+        "value_model": _file_hash(value_model) if value_model else None,
+        "tasks": [t.id for t in tasks],
+        "prompt": prompt_fingerprint(config.policy.few_shot),
+    })
+    return f"generate-{config.generate.method}-{key[:10]}"
+
+
+def _file_hash(path: str) -> str:
+    import hashlib
+
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"generate.value_model: {path} is not a file (fit one with `dataengine train value`)")
+    return hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+
+
+def plan_generate(config: EngineConfig, *, tasks: Sequence[Task] | None = None, run_id: str | None = None) -> GeneratePlan:
+    """The run id (default: `default_run_id`) and shards of a generate run over `tasks`
+    (default: `config_tasks(config)`)."""
+    tasks = list(tasks) if tasks is not None else config_tasks(config)
+    if not tasks:
+        raise ValueError("no tasks to generate from (config.num_tasks or the task list is empty)")
+    return GeneratePlan(run_id or default_run_id(config, tasks), shards(tasks, config.shard_size))
+
+
+# ---------------------------------------------------------------------------- the stage
+
+
+def record_generate_run(store: Any, config: EngineConfig, run_id: str, *, model_id: str,
+                        verifier_versions: dict[str, str]) -> None:
+    """The run's lineage row: config, code version, model and checkpoint hash, verifier
+    versions, seed and the store's table versions."""
+    store.record_run(
+        run_id,
+        kind="generate",
+        config={"engine": config.model_dump(mode="json")},
+        model_id=model_id,
+        checkpoint_hash=model_id.rsplit("@", 1)[-1] if "@" in model_id else None,
+        verifier_versions=verifier_versions,
+        seed=config.seed,
+        source_versions=store.table_versions(),
+    )
+
+
+def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
+                   on_progress: Callable[[dict[str, int]], None] | None = None) -> ShardResult:
+    """Search (or sample) one shard with config.generate's method and commit it; skipped when
+    the shard is already committed for `run_id`."""
+    from dataengine.search.run import run_shard, write_shard
+
+    start = time.perf_counter()
+    store, config = resources.store, resources.config
+    if shard.shard_id in store.committed_shards("tasks", run_id):
+        return ShardResult(shard.shard_id, skipped=True)
+    g = config.generate
+    out = run_shard(shard.shard_id, shard.tasks, method=g.method, policy=resources.policy, env=resources.env,
+                    reward=resources.reward, config=config, seed=config.seed + SHARD_SEED_STRIDE * shard.index,
+                    n=g.n, prior=g.prior, rollouts=g.rollouts, value_model=resources.value_model,
+                    on_progress=on_progress)
+    written = time.perf_counter()
+    write_shard(store, out, run_id)
+    return ShardResult(
+        shard.shard_id,
+        trees=len(shard.tasks),
+        simulations=out.simulations,
+        nodes=len(out.nodes),
+        trajectories=len(out.trajectories),
+        successes=sum(bool(t["success"]) for t in out.trajectories),
+        solved_task_ids=sorted({t["task_id"] for t in out.trajectories if t["success"]}),
+        generated_tokens=out.generated_tokens,
+        env_seconds=out.env_seconds,
+        verify_seconds=out.verify_seconds,
+        store_seconds=time.perf_counter() - written,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def generate(config: EngineConfig, *, tasks: Sequence[Task] | None = None, run_id: str | None = None,
+             store: Any = None, policy: Any = None, env: Any = None, progress: bool = True) -> GenerateSummary:
+    """Every shard of a generate run, one after another in this process (`dataengine generate`).
+
+    tasks: default `config_tasks(config)`; store: a Store or a path (default config.store);
+    policy / env: built from the config when not given. Committed shards are skipped.
+    """
+    from dataengine.stages.progress import Progress
+
+    started = time.perf_counter()
+    plan = plan_generate(config, tasks=tasks, run_id=run_id)
+    with Resources.open(config, plan.toolboxes, policy=policy, env=env, store=store) as res:
+        summary = GenerateSummary(run_id=plan.run_id, method=config.generate.method, store=str(res.store.root))
+        todo = plan.todo(res.store)
+        summary.shards_skipped = len(plan.shards) - len(todo)
+        if not todo:
+            summary.seconds = time.perf_counter() - started
+            return summary
+        model_before = res.policy.stats.seconds
+        record_generate_run(res.store, config, plan.run_id, model_id=res.policy.model_id,
+                            verifier_versions=res.reward.versions())
+        with Progress(sum(len(s.tasks) for s in todo), config.generate.method, enabled=progress) as bar:
+            for shard in todo:
+                summary.add(generate_shard(res, plan.run_id, shard, on_progress=bar.update))
+                bar.finish_shard()
+        summary.model_seconds = res.policy.stats.seconds - model_before
+    summary.seconds = time.perf_counter() - started
+    return summary
