@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from dataengine.env import EnvState, ToolEnv
+from dataengine.episodes import Script, run_episodes
 from dataengine.suites import generate_suite
 from dataengine.suites.gold import gold_turns
 from dataengine.types import Task
@@ -34,16 +35,10 @@ class GoldSummary:
 
 
 def run_turns(env: ToolEnv, tasks: list[Task], turns: list[list[str]]) -> list[EnvState]:
-    """Play the given assistant texts for every task, all tasks stepped together per turn."""
-    states = [env.reset(t) for t in tasks]
-    for i in range(max((len(t) for t in turns), default=0)):
-        live = [j for j, s in enumerate(states) if not s.done and i < len(turns[j])]
-        if not live:
-            break
-        outcomes = env.step_many([states[j] for j in live], [turns[j][i] for j in live])
-        for j, out in zip(live, outcomes):
-            states[j] = out.state
-    return states
+    """Play the given assistant texts for every task, all tasks stepped together per turn
+    (`dataengine.episodes.run_episodes` with a Script). An episode whose texts run out before a
+    final answer is returned truncated."""
+    return [r.state for r in run_episodes(env, [env.reset(t) for t in tasks], Script(turns))]
 
 
 def run_gold(env: ToolEnv, suite: str, n: int, seed: int = 0, reward: CompositeReward | None = None) -> GoldSummary:

@@ -1,7 +1,8 @@
-"""Value estimators for search leaves (DESIGN.md section 5).
+"""Value estimators for search leaves.
 
-- `RolloutValue`: Monte Carlo rollouts with the policy, batched over states and rollouts, to the
-  end of the episode (or a step / token budget); the value is the mean episode reward.
+- `RolloutValue`: Monte Carlo rollouts with the policy (`dataengine.episodes.run_episodes`),
+  batched over states and rollouts, to the end of the episode (or a step / token budget); the
+  value is the mean episode reward.
 - `AICritic`: Agent Q's critic. The model sees the state and the K candidate actions labelled
   A, B, C, ... and the probability it gives to each label as the answer ranks them; rank ->
   score in [0, 1]. Optional `debias` also scores the reversed order (small models prefer "A").
@@ -13,12 +14,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
+from dataengine.episodes import Sampler, run_episodes
 from dataengine.policy.base import Conversation, Policy
 from dataengine.types import Episode, Message, ToolSpec
 
@@ -49,9 +52,10 @@ class RolloutValue:
 
     env: a dataengine.env.ToolEnv; reward: Episode -> float (e.g.
         `lambda ep: CompositeReward().score(ep).reward`).
-    rollouts: episodes per state; max_steps: assistant turns per rollout at most;
-    max_generated_tokens: budget per `estimate` call; rollouts still running when it is spent
-        stop and are scored as they are (flagged `unfinished`).
+    rollouts: episodes per state (episode numbers 0..rollouts-1 of `dataengine.episodes`);
+    max_steps: assistant turns per rollout at most; max_generated_tokens: budget per `estimate`
+        call. Rollouts cut by either are scored as they are (flagged `unfinished`); the
+        truncation rule and the seeds are those of `dataengine.episodes.run_episodes`.
     All live rollouts of all states take one policy call per step.
     """
 
@@ -77,44 +81,27 @@ class RolloutValue:
 
     def estimate(self, states: Sequence[Any]) -> list[ValueEstimate]:
         """One estimate per EnvState (a terminal state is scored directly, no rollout)."""
-        runs = [(i, s) for i, s in enumerate(states) for _ in range(0 if s.terminal else self.rollouts)]
-        live = list(range(len(runs)))
-        current = [s for _, s in runs]
-        spent = 0
-        for depth in range(self.max_steps):
-            live = [r for r in live if not current[r].terminal]
-            if not live or spent >= self.max_generated_tokens:
-                break
-            # Same-state rollouts at depth 0 share one prompt: sample them as K of one request.
-            if depth == 0:
-                firsts = sorted({runs[r][0] for r in live})
-                out = self.policy.sample(
-                    [Conversation(states[i].messages, states[i].task.tools) for i in firsts],
-                    self.rollouts,
-                    max_new_tokens=self.max_new_tokens,
-                    temperature=self.temperature,
-                    seed=self.seed,
-                )
-                texts = [s.text for row in out for s in row]
-                spent += sum(s.num_tokens for row in out for s in row)
-            else:
-                convs = [Conversation(current[r].messages, current[r].task.tools) for r in live]
-                out = self.policy.sample(
-                    convs, 1, max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed + depth
-                )
-                texts = [row[0].text for row in out]
-                spent += sum(row[0].num_tokens for row in out)
-            outcomes = self.env.step_many([current[r] for r in live], texts)
-            for r, outcome in zip(live, outcomes):
-                current[r] = outcome.state
+        from dataengine.search.budget import (
+            TokenBudget,  # not at the top: dataengine.search imports this module
+        )
+
+        open_ = [i for i, s in enumerate(states) if not s.terminal]
+        runs = run_episodes(
+            self.env,
+            [states[i] for i in open_ for _ in range(self.rollouts)],
+            Sampler(self.policy, self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed),
+            numbers=[r for _ in open_ for r in range(self.rollouts)],
+            max_steps=self.max_steps,
+            budget=TokenBudget.for_tasks(1, self.max_generated_tokens),
+        )
+        mine = {i: runs[j * self.rollouts : (j + 1) * self.rollouts] for j, i in enumerate(open_)}
         result = []
         for i, state in enumerate(states):
             if state.terminal:
                 result.append(ValueEstimate(float(self.reward(state.episode())), 0, {"terminal": True}))
                 continue
-            mine = [r for r, (j, _) in enumerate(runs) if j == i]
-            rewards = [float(self.reward(current[r].episode())) for r in mine]
-            unfinished = sum(not current[r].terminal for r in mine)
+            rewards = [float(self.reward(r.state.episode())) for r in mine[i]]
+            unfinished = sum(r.end in ("max_steps", "budget") for r in mine[i])
             result.append(
                 ValueEstimate(sum(rewards) / len(rewards), len(rewards), {"rewards": rewards, "unfinished": unfinished})
             )
@@ -275,7 +262,7 @@ class ValueModel:
 
         torch.save({"weight": self.weight, "low": self.low, "high": self.high, "l2": self.l2, "model_id": model_id(self.model)}, path)
 
-    def load(self, path: str | Path) -> "ValueModel":
+    def load(self, path: str | Path) -> ValueModel:
         from dataengine.models import model_id
 
         saved = torch.load(path, weights_only=True)

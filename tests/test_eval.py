@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from dataengine.env import ToolEnv
+from dataengine.episodes import episode_seed
 from dataengine.evaluation import (
     EvalConfig,
     bootstrap_interval,
@@ -18,7 +19,7 @@ from dataengine.evaluation import (
     wilson_interval,
     write_report,
 )
-from dataengine.policy.base import Policy, PolicyStats, Sample
+from dataengine.policy.base import Policy, PolicyStats, Sample, conv_seeds
 from dataengine.suites import generate_suite, gold_turns
 from dataengine.tools.sandbox import Sandbox
 from storage import Store
@@ -48,12 +49,23 @@ def test_bootstrap_is_seeded_and_brackets_the_mean():
     assert a == b and a[0] < sum(values) / len(values) < a[1]
 
 
+def odd_sample_seeds(tasks, seed=0, samples=8, steps=8):
+    """Every `episode_seed` of the odd-numbered sampled episodes of `tasks` (their start state
+    is the task's first conversation)."""
+    from dataengine.env import EnvState
+
+    starts = [EnvState(task=t, messages=tuple(t.messages), tool_state=None).prefix_hash for t in tasks]
+    return {episode_seed(seed, h, j, s) for h in starts for j in range(1, samples, 2) for s in range(steps)}
+
+
 class GoldOrWrong(Policy):
     """Plays each task's gold turns, except on the tasks in `wrong`, where it answers "0" at
-    once; sampled episodes (temperature > 0) solve a task on every second sample index."""
+    once; sampled episodes (temperature > 0) solve a task on every second sample index (the odd
+    episode numbers of `dataengine.episodes` fail, recognised by their seeds)."""
 
     def __init__(self, tasks, wrong, flaky_samples=True):
         self.flaky_samples = flaky_samples
+        self.odd = odd_sample_seeds(tasks)
         self.turns = {t.messages[-1].content: gold_turns(t) for t in tasks}
         self.wrong = {t.messages[-1].content for t in wrong}
         self.model_id = "gold-or-wrong"
@@ -63,13 +75,14 @@ class GoldOrWrong(Policy):
     def sample(self, convs, k, *, max_new_tokens=128, temperature=1.0, top_p=1.0, seed=0):
         out = []
         self.calls += 1
-        for conv in convs:
+        seeds = conv_seeds(seed, len(convs))
+        for conv, row_seed in zip(convs, seeds):
             question = next(m.content for m in conv.messages if m.role == "user")
             step = sum(m.role == "assistant" for m in conv.messages)
             if temperature == 0 or not self.flaky_samples:
                 bad = question in self.wrong
             else:
-                bad = (seed // 10_007) % 2 == 1
+                bad = row_seed in self.odd
             text = "0" if bad else self.turns[question][step]
             out.append([Sample(text, (1, 2), (-0.5, -0.5), -1.0, 2, "stop")] * k)
         return out
@@ -92,7 +105,7 @@ def test_evaluate_counts_known_outcomes(env, tmp_path):
     assert (greedy.value, greedy.n) == (0.5, 6)
     assert greedy.ci_low < 0.5 < greedy.ci_high
     assert greedy.details["per_task"] == {t.id: i % 2 == 1 for i, t in enumerate(tasks)}
-    # Sample indices 1 and 3 of 4 fail (seed stream parity), so c = 2 of n = 4 on every task.
+    # Sample indices 1 and 3 of 4 fail (their episode seeds), so c = 2 of n = 4 on every task.
     assert report.metric("pass@2").value == pytest.approx(1 - math.comb(2, 2) / math.comb(4, 2))
     assert report.metric("sample_success").value == pytest.approx(0.5)
     # A wrong immediate answer gets "when" wrong (a tool was needed); gold gets every axis right.

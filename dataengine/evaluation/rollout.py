@@ -1,7 +1,8 @@
 """Playing whole episodes with a policy: greedy (temperature 0) or n sampled episodes per task.
 
-All live episodes advance together, one batched `policy.sample` call per step (per sample index,
-see `rollouts`), and their tool calls run through one `ToolEnv.step_many` round.
+A thin user of `dataengine.episodes.run_episodes`: all live episodes advance together, one
+batched `policy.sample` call and one `ToolEnv.step_many` round per step; sample j of a task is
+episode number j (its seeds), and episodes run until a final answer or the env's step limit.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataengine.env import EnvState, ToolEnv
-from dataengine.policy.base import Conversation, Policy
+from dataengine.episodes import Sampler, run_episodes
+from dataengine.policy.base import Policy
 from dataengine.types import Task
 
 # Tokens one assistant turn may take (a tool call or an answer is far shorter).
@@ -35,12 +37,6 @@ class Rollout:
     logprob: float = 0.0
 
 
-def _seed(seed: int, sample_index: int, step: int) -> int:
-    # Distinct streams per sample index and step: the hf backend seeds each row by its prompt,
-    # so two copies of one prompt sampled with one seed would be the same episode.
-    return (seed * 1_000_003 + sample_index * 10_007 + step) % (2**31 - 1)
-
-
 def rollouts(
     policy: Policy,
     env: ToolEnv,
@@ -53,30 +49,24 @@ def rollouts(
     seed: int = 0,
 ) -> list[list[Rollout]]:
     """`[len(tasks)][n]` finished episodes. temperature 0 is greedy (then use n=1: every copy
-    would be the same episode). Same seed, model and tasks: same episodes."""
+    would be the same episode). Same seed, model and tasks: same episodes; sample j of a task
+    does not depend on the other tasks evaluated with it."""
     if n < 1:
         raise ValueError(f"n must be >= 1 episodes per task, got {n}")
     if temperature == 0 and n > 1:
         raise ValueError("greedy decoding (temperature 0) gives one episode per task; use n=1 or temperature > 0")
-    runs = [[Rollout(task=t, state=env.reset(t), sample_index=j) for j in range(n)] for t in tasks]
-    step = 0
-    while True:
-        live = [r for per_task in runs for r in per_task if not r.state.terminal]
-        if not live:
-            return runs
-        for j in range(n):
-            batch = [r for r in live if r.sample_index == j]
-            if not batch:
-                continue
-            convs = [Conversation(r.state.messages, r.task.tools) for r in batch]
-            samples = policy.sample(convs, 1, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_p=top_p, seed=_seed(seed, j, step))
-            outcomes = env.step_many([r.state for r in batch], [s[0].text for s in samples])
-            for r, s, out in zip(batch, samples, outcomes):
-                r.state = out.state
-                r.generated_tokens += s[0].num_tokens
-                r.logprob += s[0].logprob
-        step += 1
+    roots = [env.reset(t) for t in tasks]
+    runs = run_episodes(
+        env,
+        [root for root in roots for _ in range(n)],
+        Sampler(policy, temperature, top_p, max_new_tokens, seed),
+        numbers=[j for _ in roots for j in range(n)],
+    )
+    return [
+        [Rollout(task=t, state=r.state, sample_index=r.number, generated_tokens=r.tokens, logprob=r.logprob)
+         for r in runs[i * n : (i + 1) * n]]
+        for i, t in enumerate(tasks)
+    ]
 
 
 def run_summary(rollout: Rollout) -> dict[str, Any]:
