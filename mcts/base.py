@@ -113,19 +113,3 @@ class PolicyOutput:
     action: torch.Tensor
     action_weights: torch.Tensor
     search_tree: Tree
-
-
-@dataclass(frozen=True)
-class SearchSummary:
-    """Root statistics of a searched tree.
-
-    visit_counts: `[B, K]` int64, N(root, a).
-    visit_probs: `[B, K]` float, N(root, a) / sum_a N(root, a).
-    value: `[B]` float, backed-up value of the root.
-    qvalues: `[B, K]` float, Q(root, a) (0 where unvisited).
-    """
-
-    visit_counts: torch.Tensor
-    visit_probs: torch.Tensor
-    value: torch.Tensor
-    qvalues: torch.Tensor

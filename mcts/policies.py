@@ -12,13 +12,14 @@ import torch
 
 from mcts import action_selection, seq_halving
 from mcts.action_selection import C_EXP, PB_C_BASE, PB_C_INIT, QTransform
-from mcts.base import ExpandFn, PolicyOutput, RootInput, SearchSummary
+from mcts.base import ExpandFn, PolicyOutput, RootInput
 from mcts.qtransforms import (
     qtransform_by_parent_and_siblings,
     qtransform_completed_by_mix_value,
 )
 from mcts.search import node_stats, search
-from mcts.tree import ROOT_INDEX, Tree, init_tree, summary
+from mcts.search import init_tree
+from mcts.tree import ROOT_INDEX, SearchSummary, Tree, summary
 
 # AlphaZero's root noise: 25% of the prior replaced by Dirichlet(0.3) noise.
 DIRICHLET_FRACTION = 0.25

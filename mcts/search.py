@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats
-from mcts.tree import ROOT_INDEX, UNVISITED, Tree, gather_nodes, grow
+from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats, RootInput
+from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, gather_nodes, grow
 
 # Selection outcomes, one per tree, in SelectedPath.status.
 INACTIVE = 0  # the tree did not search in this slot (budget spent, root terminal)
@@ -55,6 +55,86 @@ class VirtualLoss:
     edge_visits: torch.Tensor
     node_visits: torch.Tensor
     amount: float
+
+
+def _check_root(root: RootInput) -> tuple[int, int]:
+    if root.prior_logits.dim() != 2:
+        raise ValueError(f"RootInput.prior_logits must be [B, K], got shape {tuple(root.prior_logits.shape)}")
+    b, k = root.prior_logits.shape
+    if tuple(root.value.shape) != (b,):
+        raise ValueError(f"RootInput.value must be [B]={b}, got shape {tuple(root.value.shape)}")
+    if tuple(root.handle.shape) != (b,):
+        raise ValueError(f"RootInput.handle must be [B]={b}, got shape {tuple(root.handle.shape)}")
+    if root.invalid_actions is not None and tuple(root.invalid_actions.shape) != (b, k):
+        raise ValueError(
+            f"RootInput.invalid_actions must be [B, K]={(b, k)}, got {tuple(root.invalid_actions.shape)}"
+        )
+    if torch.isnan(root.prior_logits).any() or torch.isnan(root.value).any():
+        raise ValueError("RootInput holds NaN in prior_logits or value; use -inf for missing actions")
+    return b, k
+
+
+def init_tree(
+    root: RootInput,
+    *,
+    num_simulations: int,
+    max_nodes: int | None = None,
+    root_gumbel: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tree:
+    """A tree per root with only the root expanded (visits 1, value = root.value).
+
+    num_simulations: the planned budget; sets the default capacity.
+    max_nodes: node capacity N per tree; default num_simulations + 1 (one node per simulation).
+    root_gumbel: `[B, K]` Gumbel noise kept for Gumbel MuZero's root selection; default zeros.
+    device: where the tensors live; default the device of root.prior_logits.
+    """
+    b, k = _check_root(root)
+    if num_simulations < 0:
+        raise ValueError(f"num_simulations must be >= 0, got {num_simulations}")
+    n = num_simulations + 1 if max_nodes is None else max_nodes
+    if n < 1:
+        raise ValueError(f"max_nodes must be >= 1 (the root), got {n}")
+    device = torch.device(device) if device is not None else root.prior_logits.device
+    if root_gumbel is not None and (tuple(root_gumbel.shape) != (b, k) or torch.isnan(root_gumbel).any()):
+        raise ValueError(f"root_gumbel must be a [B, K]={(b, k)} tensor without NaN, got {tuple(root_gumbel.shape)}")
+
+    def full(shape, value, dt):
+        return torch.full(shape, value, dtype=dt, device=device)
+
+    logits = root.prior_logits.to(device=device, dtype=dtype).clone()
+    if root.invalid_actions is not None:
+        logits = logits.masked_fill(root.invalid_actions.to(device), float("-inf"))
+    tree = Tree(
+        node_visits=full((b, n), 0, torch.int64),
+        raw_values=full((b, n), 0.0, dtype),
+        node_values=full((b, n), 0.0, dtype),
+        parents=full((b, n), NO_PARENT, torch.int64),
+        action_from_parent=full((b, n), -1, torch.int64),
+        depth=full((b, n), 0, torch.int64),
+        node_handle=full((b, n), NO_HANDLE, torch.int64),
+        terminal=full((b, n), False, torch.bool),
+        children_index=full((b, n, k), UNVISITED, torch.int64),
+        children_prior_logits=full((b, n, k), float("-inf"), dtype),
+        children_visits=full((b, n, k), 0, torch.int64),
+        children_rewards=full((b, n, k), 0.0, dtype),
+        children_discounts=full((b, n, k), 0.0, dtype),
+        children_values=full((b, n, k), 0.0, dtype),
+        num_nodes=full((b,), 1, torch.int64),
+        root_gumbel=(
+            full((b, k), 0.0, dtype) if root_gumbel is None else root_gumbel.to(device=device, dtype=dtype)
+        ),
+    )
+    value = root.value.to(device=device, dtype=dtype)
+    tree.node_visits[:, ROOT_INDEX] = 1
+    tree.raw_values[:, ROOT_INDEX] = value
+    tree.node_values[:, ROOT_INDEX] = value
+    tree.node_handle[:, ROOT_INDEX] = root.handle.to(device=device, dtype=torch.int64)
+    tree.children_prior_logits[:, ROOT_INDEX] = logits
+    # A root without any valid action cannot be searched: it is marked terminal.
+    tree.terminal[:, ROOT_INDEX] = torch.isneginf(logits).all(dim=-1)
+    return tree
 
 
 def node_stats(tree: Tree, node_index: torch.Tensor, virtual_loss: VirtualLoss | None = None) -> NodeStats:

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import mcts
+from mcts.search import init_tree
+from mcts.tree import UNVISITED, qvalues
 from mcts import seq_halving
 from mcts.base import ExpandOutput, NodeStats, RootInput
 from mcts.search import NEW, REVISIT, backup, expand, select_path
@@ -151,7 +153,7 @@ def two_step_tree():
     """root(handle 1, V=0.5) -a0-> node 1 (r=1, d=0.5, V=1) -a1-> node 2 (r=0, d=0.5, V=4)."""
     root = RootInput(prior_logits=torch.log(torch.tensor([[0.5, 0.5]])), value=torch.tensor([0.5]), handle=torch.tensor([1]))
     table = {(1, 0): (1.0, 0.5, [0.5, 0.5], 1.0, False), (11, 1): (0.0, 0.5, [0.5, 0.5], 4.0, False)}
-    tree = mcts.init_tree(root, num_simulations=4)
+    tree = init_tree(root, num_simulations=4)
     fn = scripted_expand(table, 2)
     return tree, fn
 
@@ -173,7 +175,7 @@ def test_backup_hand_computed():
     assert tree.children_visits[0, 0].tolist() == [2, 0] and tree.children_visits[0, 1].tolist() == [0, 1]
     assert tree.children_values[0, 0, 0].item() == pytest.approx(1.5)
     assert tree.children_values[0, 1, 1].item() == pytest.approx(4.0)
-    torch.testing.assert_close(mcts.qvalues(tree, torch.tensor([0])), torch.tensor([[1 + 0.5 * 1.5, 0.0]]))
+    torch.testing.assert_close(qvalues(tree, torch.tensor([0])), torch.tensor([[1 + 0.5 * 1.5, 0.0]]))
 
 
 def test_backup_ignores_inactive_trees():
@@ -217,8 +219,8 @@ def test_terminal_child_value_is_its_reward_and_is_never_expanded():
     tree = out.search_tree
     node = tree.children_index[0, 0, 0].item()
     assert tree.terminal[0, node] and tree.node_values[0, node].item() == 0.0
-    assert (tree.children_index[0, node] == mcts.UNVISITED).all()
-    assert mcts.qvalues(tree, torch.tensor([0]))[0, 0].item() == pytest.approx(0.7)
+    assert (tree.children_index[0, node] == UNVISITED).all()
+    assert qvalues(tree, torch.tensor([0]))[0, 0].item() == pytest.approx(0.7)
     assert tree.children_discounts[0, 0, 0].item() == 0.0
     assert tree.node_visits[0, node].item() == tree.children_visits[0, 0, 0].item() > 1
 

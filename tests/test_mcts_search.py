@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mcts
+from mcts.search import init_tree
+from mcts.policies import make_generator
 from mcts.base import ExpandOutput, RootInput
 from mcts.synthetic import SyntheticEnv
 
@@ -191,8 +193,8 @@ def test_step_wise_api_equals_resumed_runs():
     select = mcts.puct_action_selection
 
     def run(chunks):
-        tree = mcts.init_tree(root, num_simulations=sum(chunks))
-        gen = mcts.make_generator(0, "cpu")
+        tree = init_tree(root, num_simulations=sum(chunks))
+        gen = make_generator(0, "cpu")
         for k in chunks:
             tree = mcts.search(
                 tree, env.expand, root_action_selection_fn=select, interior_action_selection_fn=select,
@@ -240,7 +242,7 @@ def test_bad_expand_output_is_named():
     with pytest.raises(ValueError, match="ExpandOutput.reward"):
         mcts.muzero_policy(env.root(2), wrong, num_simulations=4, leaves_per_iteration=2)
     with pytest.raises(ValueError, match="RootInput.value"):
-        mcts.init_tree(RootInput(torch.zeros(2, 3), torch.zeros(3), torch.zeros(2, dtype=torch.int64)), num_simulations=2)
+        init_tree(RootInput(torch.zeros(2, 3), torch.zeros(3), torch.zeros(2, dtype=torch.int64)), num_simulations=2)
 
 
 def test_root_without_valid_actions_is_not_searched():
