@@ -9,14 +9,7 @@ import pytest
 from dataengine.config import EngineConfig
 
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_home(tmp_path_factory):
-    """A private PREFECT_HOME (and so a private ephemeral API database) for these tests."""
-    from flows.runtime import private_prefect_home, release_resources
-
-    with private_prefect_home(tmp_path_factory.mktemp("prefect")):
-        yield
-    release_resources()
+pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
 def tiny_config(store, num_tasks=4, **search) -> EngineConfig:
@@ -141,6 +134,16 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     assert store.models().collect()["model_id"].to_list() == [info["model_id"]]
     again = train_dpo_flow(**args)
     assert again["resumed"] and again["model_id"] == info["model_id"]
+
+    # The checkpoint records what it learned from: evaluating it on that question is refused.
+    from dataengine.stages.evaluate import check_not_trained_on
+    from dataengine.suites import generate_suite
+
+    task = generate_suite("arithmetic", n_train=0, n_heldout=1, seed=0)[0]
+    check_not_trained_on(info["path"], [task])
+    leaked = task.model_copy(update={"messages": [task.messages[0].model_copy(update={"content": "what is 2  plus 3?"})]})
+    with pytest.raises(ValueError, match="training data of checkpoint"):
+        check_not_trained_on(info["path"], [task, leaked])
 
 
 def test_train_section_names_unknown_fields():

@@ -5,16 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_home(tmp_path_factory):
-    from flows.runtime import private_prefect_home, release_resources
-
-    with private_prefect_home(tmp_path_factory.mktemp("prefect")):
-        yield
-    release_resources()
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 def test_quick_demo_end_to_end(tmp_path):

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_home(tmp_path_factory):
-    from flows.runtime import private_prefect_home
-
-    with private_prefect_home(tmp_path_factory.mktemp("prefect")):
-        yield
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 def test_generate_shards_on_local_ray(tmp_path):

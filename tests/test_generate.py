@@ -10,26 +10,12 @@ from typer.testing import CliRunner
 
 from dataengine.cli import app
 from dataengine.config import load_config
-from dataengine.env import ToolEnv
-from dataengine.policy import make_policy
 from dataengine.config import ConfigError
 from dataengine.search import TokenBudget, play_episodes
 from dataengine.stages import make_reward
 from dataengine.stages.generate import default_run_id, generate, shards
 from dataengine.suites import generate_suite
-from dataengine.tools.sandbox import Sandbox
 from storage import Store
-
-
-@pytest.fixture(scope="module")
-def env():
-    with Sandbox(workers=1, preload=["arithmetic"]) as sandbox:
-        yield ToolEnv(sandbox, max_steps=6)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return make_policy("hf", "tiny")
 
 
 @pytest.fixture(scope="module")

@@ -51,9 +51,7 @@ def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: 
     return PipelineConfig.model_validate({
         "run_id": "demo",
         "rounds": rounds,
-        "method": "mcts",
         "trainers": ["dpo"],
-        "eval_tasks": sizes["eval_tasks"],
         "out_dir": str(out / "pipeline"),
         "engine": {
             "store": str(out / "store"),
@@ -68,9 +66,11 @@ def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: 
                        "max_depth": sizes["max_depth"], "value": "zero", "trees_per_batch": 8},
             # Small models give small value gaps; a lower margin still pairs a success with a failure.
             "derive": {"margin": 0.1},
+            "generate": {"method": "mcts"},
+            "eval": {"num_tasks": sizes["eval_tasks"], "seed": seed, "max_new_tokens": sizes["max_new_tokens"]},
+            "train": {"dpo": {"max_steps": sizes["train_steps"], "batch_size": 2, "max_length": 1024, "device": "cpu",
+                              "learning_rate": 5e-6, "seed": seed}},
         },
-        "train": {"max_steps": sizes["train_steps"], "batch_size": 2, "max_length": 1024, "device": "cpu",
-                  "learning_rate": 5e-6, "seed": seed},
     })
 
 
@@ -151,7 +151,7 @@ def register(app: typer.Typer) -> None:
         report = build_report(Store(result["store"]), config.run_id, out.resolve() / "report")
 
         table = Table("suite", f"before ({Path(result['evals'][0][1]).name})", "after", "change",
-                      title=f"Greedy success on {config.eval_tasks} held-out tasks per suite (95% Wilson interval)")
+                      title=f"Greedy success on {config.engine.eval.num_tasks} held-out tasks per suite (95% Wilson interval)")
         for row in success_rows(result["evals"]):
             table.add_row(*row)
         console.print(table)

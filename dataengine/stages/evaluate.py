@@ -19,6 +19,23 @@ def heldout_tasks(config: EngineConfig, suite: str) -> list[Any]:
     return generate_suite(suite, n_train=0, n_heldout=config.eval.num_tasks, seed=config.eval.seed)
 
 
+def check_not_trained_on(model: str, tasks: list[Any]) -> None:
+    """Refuse held-out tasks whose question is in the training data of `model`'s lineage (a
+    checkpoint folder records the questions it and its parents were trained on)."""
+    from dataengine.train.checkpoint import question_key, trained_questions
+
+    seen = trained_questions(model)
+    if not seen:
+        return
+    questions = {t.id: next((m.content for m in t.messages if m.role == "user"), "") for t in tasks}
+    leaked = [t for t in tasks if question_key(questions[t.id]) in seen]
+    if leaked:
+        raise ValueError(
+            f"{len(leaked)} of {len(tasks)} held-out {leaked[0].suite} task(s) appear in the training data of "
+            f"checkpoint {model} or its parents (e.g. {leaked[0].id}: {questions[leaked[0].id][:60]!r}); "
+            "evaluate on other tasks (another eval.seed) or a model that never saw them")
+
+
 def search_config(config: EngineConfig) -> EngineConfig:
     """The engine config search at inference runs with: config.eval's simulations and actions."""
     e = config.eval
@@ -34,8 +51,10 @@ def evaluate_suite(resources: Resources, suite: str, run_id: str, *, tasks: list
     from dataengine.evaluation import evaluate, write_report
     from dataengine.evaluation.search import search_at_inference
 
-    config, store, policy = resources.config, resources.store, resources.policy
+    config, store = resources.config, resources.store
     tasks = tasks if tasks is not None else heldout_tasks(config, suite)
+    check_not_trained_on(config.policy.model, tasks)
+    policy = resources.policy
     shard = f"{policy.model_id}/{suite}/heldout"
     if shard in store.committed_shards("evals", run_id):
         rows = store.evals().filter((pl.col("run_id") == run_id) & (pl.col("shard_id") == shard)).collect()

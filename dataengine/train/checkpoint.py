@@ -115,6 +115,42 @@ def save_checkpoint(
     return info
 
 
+QUESTIONS_FILE = "dataengine_trained_questions.json"
+
+
+def question_key(text: str) -> str:
+    """The identity of a task's question for leakage checks: the first user turn, case and
+    whitespace folded, hashed."""
+    import hashlib
+
+    return hashlib.sha256(" ".join(str(text).split()).lower().encode()).hexdigest()[:24]
+
+
+def first_user_text(row: dict[str, Any]) -> str | None:
+    """The first user turn of a training row (prompt or messages list, or their JSON)."""
+    for column in ("prompt", "messages", "prompt_json", "messages_json"):
+        messages = row.get(column)
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except ValueError:
+                continue
+        if isinstance(messages, list):
+            for m in messages:
+                if isinstance(m, dict) and m.get("role") == "user":
+                    return str(m.get("content") or "")
+    return None
+
+
+def trained_questions(model: str | Path) -> set[str]:
+    """Question keys a checkpoint (and every checkpoint it was trained from) was trained on;
+    empty for a base model ("smollm2", "tiny") or a folder without the file."""
+    path = Path(str(model)) / QUESTIONS_FILE
+    if not path.is_file():
+        return set()
+    return set(json.loads(path.read_text()))
+
+
 def register_checkpoint(
     store: Any,
     info: CheckpointInfo,
@@ -164,6 +200,9 @@ def finish_training(
         dataset_versions=data.versions,
         metrics=metrics,
     )
+    # The lineage's questions: held-out evaluation refuses tasks this checkpoint learned from.
+    keys = trained_questions(config.init) | {question_key(t) for t in map(first_user_text, data.rows) if t}
+    (Path(config.out_dir) / QUESTIONS_FILE).write_text(json.dumps(sorted(keys)))
     if store is not None:
         register_checkpoint(store, info, run_id=config.run_id, verifier_versions=verifier_versions)
     return info
