@@ -3,7 +3,9 @@ serves them (flow.to_deployment + prefect.serve).
 
 Schedules need a long-lived Prefect API with its scheduler service, i.e. a `prefect server
 start` (or Prefect Cloud) and PREFECT_API_URL pointing at it: the embedded ephemeral API runs no
-scheduler, so every function here refuses to work without PREFECT_API_URL and says so.
+scheduler, so every function here refuses to work without PREFECT_API_URL and says so. The
+server's scheduler only creates the runs; something must execute them: a process serving the
+deployment (`serve`, blocks) or, for a deployment registered on a work pool, a `prefect worker`.
 
 A scheduled run without an explicit run id writes run `schedule/<name>/<YYYYmmddTHHMM>` (its
 scheduled time) with the seed moved by that time, so each run searches fresh tasks; a retried
@@ -63,14 +65,27 @@ def deployment_for(name: str, cron: str, config: EngineConfig, *, method: str = 
     )
 
 
-def create_schedule(name: str, cron: str, config: EngineConfig, **options: Any) -> str:
-    """Register the deployment (without serving it); returns its id."""
+def create_schedule(name: str, cron: str, config: EngineConfig, *, pool: str | None = None, **options: Any) -> str:
+    """Register the deployment (without serving it), on work pool `pool` if given (a worker of
+    that pool then runs it); returns its id."""
     require_server()
-    return str(deployment_for(name, cron, config, **options).apply())
+    deployment = deployment_for(name, cron, config, **options)
+    if pool is None:
+        return str(deployment.apply())
+    from prefect.exceptions import ObjectNotFound
+
+    with _client() as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            raise ScheduleError(f"no work pool named {pool!r}; create it with "
+                                f"`prefect work-pool create {pool} --type process`") from None
+    return str(deployment.apply(work_pool_name=pool))
 
 
 def serve(deployments: list[Any]) -> None:
-    """Serve deployments in this process until interrupted (runs start here when due)."""
+    """Serve deployments in this process until interrupted (runs start here when due). On
+    Ctrl-C or SIGTERM Prefect pauses them, so no runs pile up as Late while nobody serves."""
     from prefect import serve as prefect_serve
 
     require_server()
@@ -85,7 +100,9 @@ def _client() -> Any:
 
 
 def list_schedules() -> list[dict[str, Any]]:
-    """Every dataengine deployment: name, id, crons, paused, suites, method, next run."""
+    """Every dataengine deployment, by name: name, id, cron, paused, method, suites, tasks (per
+    suite), next_run (ISO time of the earliest run the scheduler has created, or None), ready
+    (a serving process or worker polled it within the last minute) and pool (work pool or None)."""
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterTags
 
     with _client() as client:
@@ -93,16 +110,67 @@ def list_schedules() -> list[dict[str, Any]]:
         out = []
         for d in deployments:
             params = d.parameters or {}
+            config = params.get("config") or {}
             crons = [getattr(s.schedule, "cron", str(s.schedule)) for s in (d.schedules or [])]
+            next_run = _next_run(client, d.id)
             out.append({
                 "name": d.name,
                 "id": str(d.id),
                 "cron": ", ".join(crons),
                 "paused": bool(d.paused),
                 "method": params.get("method", "mcts"),
-                "suites": ",".join((params.get("config") or {}).get("suites", [])),
+                "suites": ",".join(config.get("suites", [])),
+                "tasks": config.get("num_tasks"),
+                "next_run": next_run.isoformat() if next_run else None,
+                "ready": str(getattr(d.status, "value", d.status)) == "READY",
+                "pool": d.work_pool_name,
             })
     return sorted(out, key=lambda r: r["name"])
+
+
+def _next_run(client: Any, deployment_id: Any) -> Any:
+    """Expected start (datetime) of the deployment's earliest Scheduled run, or None."""
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    runs = client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))),
+        sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=1)
+    return runs[0].expected_start_time if runs else None
+
+
+def schedule_table(rows: list[dict[str, Any]]) -> Any:
+    """A rich Table of list_schedules() rows (name, cron, suites, tasks, next run in UTC, state)
+    that fits 80 columns: long names and suite lists are cut with an ellipsis."""
+    from datetime import UTC, datetime
+
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)  # widths + 2 spaces between columns: 80 at most
+    table.add_column("name", max_width=14, overflow="ellipsis", no_wrap=True)
+    table.add_column("cron", max_width=11, overflow="ellipsis", no_wrap=True)
+    table.add_column("suites", max_width=14, overflow="ellipsis", no_wrap=True)
+    table.add_column("tasks", justify="right", no_wrap=True)
+    table.add_column("next run (UTC)", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    for r in rows:
+        if r["paused"]:
+            state, next_run = "paused", "-"
+        else:
+            state = "ready" if r["ready"] else "not served"
+            when = r["next_run"] and datetime.fromisoformat(r["next_run"]).astimezone(UTC)
+            next_run = when.strftime("%Y-%m-%d %H:%M") if when else "none yet"
+        table.add_row(r["name"], r["cron"], r["suites"], str(r["tasks"] if r["tasks"] is not None else "-"),
+                      next_run, state)
+    return table
 
 
 def _deployment(client: Any, name: str) -> Any:
@@ -131,8 +199,9 @@ def delete_schedule(name: str) -> None:
 
 
 def stored_deployments(names: list[str] | None = None) -> list[Any]:
-    """RunnerDeployments rebuilt from the server's dataengine deployments (same name, cron,
-    parameters and paused state), for `serve`."""
+    """RunnerDeployments rebuilt from the server's dataengine deployments (same name, cron and
+    parameters), for `serve`. Serving makes them active: Prefect's serve pauses its deployments
+    when it stops, so a stored paused state cannot tell a stopped server from a `pause`."""
     from prefect.types.entrypoint import EntrypointType
 
     from flows.generate import generate_flow
@@ -145,7 +214,7 @@ def stored_deployments(names: list[str] | None = None) -> list[Any]:
         for name in wanted:
             d = _deployment(client, name)
             out.append(generate_flow.to_deployment(
-                name=d.name, schedules=[s.schedule for s in d.schedules or []], paused=bool(d.paused),
+                name=d.name, schedules=[s.schedule for s in d.schedules or []], paused=False,
                 entrypoint_type=EntrypointType.MODULE_PATH,
                 parameters=d.parameters or {}, tags=list(d.tags or [TAG]), description=d.description))
     return out

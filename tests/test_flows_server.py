@@ -4,86 +4,19 @@ triggered now completes in the serving process) and deleted."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from prefect_server import BIN, ROOT, prefect_server, stop_group, tiny_config
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"prefect server at {url} not healthy after {timeout} s")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`prefect server start` on a free port with a private PREFECT_HOME; PREFECT_API_URL set."""
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_HOME,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
-
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": url}
-    log = open(home / "server.log", "w")  # noqa: SIM115 - the server writes it until teardown
-    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(url, proc)
-        with temporary_settings({PREFECT_API_URL: url, PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}):
-            yield {"url": url, "env": env, "home": home}
-    finally:
-        from flows.runtime import drain_concurrency_services
-
-        drain_concurrency_services()
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
-def tiny_config(store):
-    from dataengine.config import EngineConfig
-
-    return EngineConfig.model_validate({
-        "store": str(store), "suites": ["arithmetic"], "num_tasks": 2, "shard_size": 2, "sandbox": {"workers": 1},
-        "policy": {"model": "tiny", "device": "cpu", "max_new_tokens": 8},
-        "search": {"num_simulations": 2, "num_actions": 2, "max_depth": 2, "value": "zero"},
-    })
+    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as info:
+        yield info
 
 
 def test_flow_runs_on_the_server_with_its_artifact(server, tmp_path):
@@ -128,8 +61,7 @@ def test_schedule_create_list_pause_serve_delete(server, tmp_path):
         log = (tmp_path / "serve.log").read_text()
         assert run.state.is_completed(), f"{run.state}\n{log[-3000:]}"
     finally:
-        os.killpg(serving.pid, signal.SIGTERM)
-        serving.wait(60)
+        stop_group(serving, 60)
     runs = Store(store).runs().collect()["run_id"].to_list()
     assert any(r.startswith("schedule/hourly-test/") for r in runs)
     schedule.delete_schedule("hourly-test")

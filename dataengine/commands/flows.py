@@ -73,6 +73,7 @@ def register(app: typer.Typer) -> None:
         k: K = None, seed: Seed = None,
         eval_tasks: Annotated[int | None, typer.Option("--eval-tasks", min=1, help="Held-out tasks per suite per evaluation.")] = None,
         train_steps: Annotated[int | None, typer.Option("--train-steps", help="Optimizer steps per trainer.")] = None,
+        temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature of the search.")] = None,
         out: Annotated[Path | None, typer.Option("--out", help="Folder for datasets and checkpoints.")] = None,
         ray: Annotated[bool, typer.Option("--ray", help="Run shards on Ray (prefect-ray's RayTaskRunner).")] = False,
         ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster address (default: local Ray).")] = None,
@@ -83,8 +84,11 @@ def register(app: typer.Typer) -> None:
         from dataengine.config import ConfigError, load_config
 
         overrides = _engine_overrides(suite, tasks, model, store, sims, k, seed, prefix="engine__")
-        overrides.update(run_id=run_id, rounds=rounds, trainers=list(trainer) if trainer else None, eval_tasks=eval_tasks,
-                         train__max_steps=train_steps, out_dir=str(out) if out else None)
+        overrides.update(run_id=run_id, rounds=rounds, trainers=list(trainer) if trainer else None,
+                         engine__eval__num_tasks=eval_tasks, engine__policy__temperature=temperature,
+                         out_dir=str(out) if out else None)
+        for kind in ("dpo", "sft", "grpo"):
+            overrides[f"engine__train__{kind}__max_steps"] = train_steps
         if ray or ray_address:
             overrides.update(runtime__task_runner="ray", runtime__ray_address=ray_address)
         from flows.pipeline import PipelineConfig, run_pipeline
@@ -112,8 +116,11 @@ def register(app: typer.Typer) -> None:
         k: K = None, seed: Seed = None,
         same_tasks: Annotated[bool, typer.Option("--same-tasks", help="Every run searches the same tasks (no seed change).")] = False,
         serve_now: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve it now (blocks) or only register it.")] = True,
+        pool: Annotated[str | None, typer.Option("--pool", help="Register it on this work pool (implies --no-serve): "
+                                                 "`prefect worker start --pool NAME` then runs it.")] = None,
     ) -> None:
-        """Create a cron schedule of the generate flow and serve it (needs PREFECT_API_URL)."""
+        """Create a cron schedule of the generate flow and serve it (needs PREFECT_API_URL). Runs
+        start only while this process (or `schedule serve`, or a worker of --pool) is running."""
         from dataengine.config import ConfigError, EngineConfig, load_config
         from flows.schedule import ScheduleError, create_schedule, deployment_for, serve
 
@@ -121,17 +128,30 @@ def register(app: typer.Typer) -> None:
             engine = load_config(config, model=EngineConfig, **_engine_overrides(suite, tasks, model, store, sims, k, seed))
             if method not in ("mcts", "best_of_n", "greedy"):
                 raise ScheduleError(f"unknown method {method!r}; choose mcts, best_of_n or greedy")
-            if serve_now:
-                serve([deployment_for(name, cron, engine, method=method, vary_seed=not same_tasks)])
+            options = {"method": method, "vary_seed": not same_tasks}
+            if pool is not None:
+                deployment = create_schedule(name, cron, engine, pool=pool, **options)
+                typer.echo(f"schedule {name!r} created on work pool {pool!r}: deployment {deployment}\n"
+                           f"its runs start while a worker runs: prefect worker start --pool {pool}")
+            elif serve_now:
+                typer.echo(f"serving schedule {name!r} (cron {cron!r}): its runs start in this process when due; "
+                           "keep it running (Ctrl-C stops serving and pauses the schedule; "
+                           f"`dataengine schedule serve {name}` serves and resumes it)")
+                serve([deployment_for(name, cron, engine, **options)])
             else:
-                typer.echo(f"schedule {name!r} created: deployment {create_schedule(name, cron, engine, method=method, vary_seed=not same_tasks)}")
+                typer.echo(f"schedule {name!r} created: deployment {create_schedule(name, cron, engine, **options)}\n"
+                           f"its runs start while `dataengine schedule serve {name}` runs")
         except (ConfigError, ScheduleError) as exc:
             _fail(str(exc))
 
     @schedule_app.command("list")
     def schedule_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-        """List the dataengine schedules on the Prefect server."""
-        from flows.schedule import ScheduleError, list_schedules
+        """List the dataengine schedules on the Prefect server: name, cron, suites, tasks per suite,
+        next run the scheduler created (UTC) and state (paused; ready: a serving process or worker
+        polls it; not served: nothing will run it)."""
+        from rich.console import Console
+
+        from flows.schedule import ScheduleError, list_schedules, schedule_table
 
         try:
             rows = list_schedules()
@@ -142,8 +162,8 @@ def register(app: typer.Typer) -> None:
             return
         if not rows:
             typer.echo("no schedules")
-        for r in rows:
-            typer.echo(f"{r['name']}\t{r['cron']}\t{'paused' if r['paused'] else 'active'}\t{r['method']}\t{r['suites']}\t{r['id']}")
+            return
+        Console().print(schedule_table(rows))
 
     def _by_name(action: str):
         def command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
@@ -163,7 +183,8 @@ def register(app: typer.Typer) -> None:
 
     @schedule_app.command("serve")
     def schedule_serve(names: Annotated[list[str] | None, typer.Argument(help="Schedules to serve (default: all).")] = None) -> None:
-        """Serve existing schedules in this process: their runs start here when due (blocks)."""
+        """Serve existing schedules in this process, resuming paused ones: their runs start here
+        when due (blocks; Ctrl-C stops serving and pauses them)."""
         from flows.schedule import ScheduleError, serve, stored_deployments
 
         try:
