@@ -83,6 +83,10 @@ def load_model(
     dtype = torch.float32 if dtype is None else dtype
     folder = model_folder(name_or_path)
     ident = {"smollm2": SMOLLM2_NAME, "tiny": TINY_NAME}.get(name_or_path, folder.name)
+    registered = folder / "dataengine_checkpoint.json"
+    if registered.is_file():
+        # A trained checkpoint keeps the id it was registered under, so evals and models join.
+        ident = json.loads(registered.read_text())["model_id"].rsplit("@", 1)[0]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
     model.eval()

@@ -119,7 +119,13 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
                                                            run_id=run)
             info = TRAIN_FLOWS[kind](data=data["path"], config=settings, store=store,
                                      accelerator_slots=rt.accelerator_slots)
-            checkpoints.append({k: info[k] for k in ("model_id", "parent_id", "path", "kind", "resumed")})
+            moved = info["metrics"].get("weights_changed", True)
+            checkpoints.append({**{k: info[k] for k in ("model_id", "parent_id", "path", "kind", "resumed")},
+                                "weights_changed": moved})
+            if not moved:
+                get_run_logger().warning("round %d: %s did not change the weights; the next stage starts from %s",
+                                         r, kind, model)
+                continue
             model = info["path"]
         evals.append((r, model, greedy(evaluate(model, r))))
         rounds.append({"round": r, "run_id": run, "generate": gen, "derived": derived, "exported": exported,

@@ -135,6 +135,13 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     again = train_dpo_flow(**args)
     assert again["resumed"] and again["model_id"] == info["model_id"]
 
+    # One model id across train, models and evals: the loaded checkpoint reports the id it was
+    # registered under, and it moved the weights.
+    from dataengine.models import load_model, model_id
+
+    assert model_id(load_model(info["path"])[0]) == info["model_id"]
+    assert info["metrics"]["weights_changed"] is True
+
     # The checkpoint records what it learned from: evaluating it on that question is refused.
     from dataengine.stages.evaluate import check_not_trained_on
     from dataengine.suites import generate_suite

@@ -8,6 +8,7 @@ training run finds its parent's id without the store.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +16,9 @@ from typing import Any
 
 CHECKPOINT_FILE = "dataengine_checkpoint.json"
 MODELS_TABLE = "models"
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -188,8 +192,21 @@ def finish_training(
     metrics: dict[str, Any],
     store: Any = None,
     verifier_versions: dict[str, str] | None = None,
+    before: str | None = None,
 ) -> CheckpointInfo:
-    """The common end of every trainer: save the checkpoint, register it when a store is given."""
+    """The common end of every trainer: save the checkpoint, register it when a store is given.
+
+    before: `weights_fingerprint` of the model before training (full fine-tuning); the metrics
+    get `weights_changed` (False: training did not move a sampled weight, e.g. GRPO whose every
+    group had zero reward variance; such a checkpoint is no step forward, and the pipeline does
+    not count it as one).
+    """
+    from dataengine.models import weights_fingerprint
+
+    if before is not None and not config.lora:
+        metrics = {**metrics, "weights_changed": weights_fingerprint(trainer.model) != before}
+        if not metrics["weights_changed"]:
+            log.warning("%s training did not change the weights (grad norm 0 or no usable data)", kind)
     info = save_checkpoint(
         trainer.model,
         tokenizer,

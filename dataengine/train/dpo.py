@@ -15,6 +15,7 @@ from typing import Any
 
 from dataengine.config import DPOTrainConfig
 from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.models import weights_fingerprint
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 
@@ -95,9 +96,11 @@ def train_dpo(
     data = as_training_data("preference", dataset)
     trainer, model, tokenizer = build_dpo_trainer(config, data)
     parent = parent_model_id(config.init, model)
+    before = weights_fingerprint(model)
     output = trainer.train()
     metrics = train_metrics(output, trainer, rows=len(data))
     metrics["reference"] = "behaviour" if config.behaviour_ref else ("adapter-off" if config.lora else "model")
-    info = finish_training(trainer, tokenizer, config, data, kind="dpo", parent_id=parent, metrics=metrics, store=store)
+    info = finish_training(trainer, tokenizer, config, data, kind="dpo", parent_id=parent, metrics=metrics, store=store,
+                           before=before)
     log.info("dpo checkpoint %s at %s (loss %.4f)", info.model_id, info.path, metrics["train_loss"])
     return info

@@ -23,6 +23,7 @@ from typing import Any
 
 from dataengine.config import GRPOTrainConfig
 from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.models import weights_fingerprint
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.environment import environment_factories, final_reply, regroup_turns
@@ -131,6 +132,7 @@ def train_grpo(
         reward = composite if composite is not None else CompositeReward(replay=tool_env.replay)
         trainer, model, tokenizer = build_grpo_trainer(config, data, tool_env, reward)
         parent = parent_model_id(config.init, model)
+        before = weights_fingerprint(model)
         output = trainer.train()
     tokenizer.padding_side = getattr(tokenizer, "_dataengine_padding_side", tokenizer.padding_side)
     metrics = train_metrics(output, trainer, rows=len(data))
@@ -140,6 +142,6 @@ def train_grpo(
             metrics[f"mean_{key}"] = sum(values) / len(values)
     versions = reward.versions() if hasattr(reward, "versions") else None
     info = finish_training(trainer, tokenizer, config, data, kind="grpo", parent_id=parent, metrics=metrics,
-                           store=store, verifier_versions=versions)
+                           store=store, verifier_versions=versions, before=before)
     log.info("grpo checkpoint %s at %s", info.model_id, info.path)
     return info

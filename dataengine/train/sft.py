@@ -13,6 +13,7 @@ from typing import Any
 
 from dataengine.config import SFTTrainConfig
 from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.models import weights_fingerprint
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 
@@ -54,8 +55,10 @@ def train_sft(config: SFTTrainConfig, dataset: Any, store: Any = None) -> Checkp
     data = as_training_data("sft", dataset)
     trainer, model, tokenizer = build_sft_trainer(config, data)
     parent = parent_model_id(config.init, model)
+    before = weights_fingerprint(model)
     output = trainer.train()
     metrics = train_metrics(output, trainer, rows=len(data))
-    info = finish_training(trainer, tokenizer, config, data, kind="sft", parent_id=parent, metrics=metrics, store=store)
+    info = finish_training(trainer, tokenizer, config, data, kind="sft", parent_id=parent, metrics=metrics, store=store,
+                           before=before)
     log.info("sft checkpoint %s at %s (loss %.4f)", info.model_id, info.path, metrics["train_loss"])
     return info
