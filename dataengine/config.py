@@ -24,9 +24,10 @@ class Section(BaseModel):
 class SandboxConfig(Section):
     workers: int = Field(2, ge=1, description="worker processes executing tool calls")
     timeout_s: float = Field(5.0, gt=0, description="wall-clock limit per tool call")
-    memory_mb: int = Field(1024, ge=64, description="address-space limit per worker")
+    memory_mb: int = Field(1024, ge=64, description="memory a call may add: per process and for the worker's whole process group")
     cpu_s: float = Field(10.0, gt=0, description="CPU-time limit per tool call")
     max_output_bytes: int = Field(65536, ge=256, description="largest JSON tool output kept")
+    scratch_mb: int = Field(64, ge=1, description="tmpfs behind each worker's /tmp and /dev/shm; largest file a tool may write")
 
 
 class EnvConfig(Section):

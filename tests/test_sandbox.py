@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from dataengine.tools.sandbox import Sandbox
@@ -234,15 +235,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_timeout_also_ends_processes_the_tool_started(sandbox, tmp_path):
-    pid_file = tmp_path / "child.pid"
-    result, _ = sandbox.call(BOX, tc("spawn_and_hang", pid_file=str(pid_file)))
-    assert result.status == "timeout"
-    child = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
+def find_sleep(seconds: str) -> list[int]:
+    """Host pids of `sleep <seconds>` processes (tests use distinctive durations)."""
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-1:] == [seconds]]
+
+
+def call_in_thread(sb: Sandbox, call: ToolCall) -> tuple[threading.Thread, list]:
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(sb.call(BOX, call)[0]))
+    thread.start()
+    return thread, out
+
+
+def wait_for(predicate, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
-    assert not _alive(child)
+    return True
+
+
+def test_timeout_also_ends_processes_the_tool_started(sandbox):
+    seconds = 60 + random.randrange(1, 10**5) / 10**5
+    marker = str(seconds)  # what the tool passes to `sleep`
+    thread, out = call_in_thread(sandbox, tc("spawn_and_hang", seconds=seconds))
+    assert wait_for(lambda: find_sleep(marker))  # the child runs while the tool hangs
+    thread.join(10)
+    assert out[0].status == "timeout"
+    assert wait_for(lambda: not [p for p in find_sleep(marker) if _alive(p)])
 
 
 def test_bad_items_are_rejected_with_a_clear_error(sandbox):

@@ -148,17 +148,15 @@ def raw_connect(host: str, port: int) -> str:
         s.close()
 
 
-def spawn_and_hang(pid_file: str) -> None:
-    """Start a child process that sleeps, write its pid to a file, then hang.
+def spawn_and_hang(seconds: float) -> None:
+    """Start a child process `sleep <seconds>`, then hang.
 
     Args:
-        pid_file: Where to write the child's process id.
+        seconds: The child's sleep (a distinctive value lets a test find it).
     """
     import subprocess
 
-    child = subprocess.Popen(["sleep", "60"])
-    with open(pid_file, "w") as f:
-        f.write(str(child.pid))
+    subprocess.Popen(["sleep", str(seconds)])
     time.sleep(60)
 
 
@@ -173,8 +171,10 @@ def warn(text: str) -> int:
 
 
 def whoami() -> int:
-    """Return the worker's process id (to check that workers are reused)."""
-    return os.getpid()
+    """Return the worker's process id as the engine sees it (to check that workers are reused)."""
+    from dataengine.tools.worker import host_pid
+
+    return host_pid()
 
 
 def nap(seconds: float) -> int:
@@ -183,8 +183,10 @@ def nap(seconds: float) -> int:
     Args:
         seconds: How long to sleep.
     """
+    from dataengine.tools.worker import host_pid
+
     time.sleep(seconds)
-    return os.getpid()
+    return host_pid()
 
 
 def imported(module: str) -> bool:
@@ -245,9 +247,133 @@ def push_then_fail(state: dict, item: str) -> None:
     raise RuntimeError("failed after changing the state")
 
 
+# ----------------------------------------------------------------- hostile tools
+
+
+def hog_children(children: int, megabytes: int, seconds: float) -> int:
+    """Fork children that each hold `megabytes` MiB for `seconds`, wait for them, return the total.
+
+    Args:
+        children: How many child processes.
+        megabytes: MiB each child allocates and touches.
+        seconds: How long each child holds its memory.
+    """
+    pids = []
+    for _ in range(children):
+        pid = os.fork()
+        if pid == 0:
+            block = bytearray(megabytes * 1024 * 1024)
+            block[::4096] = b"\x01" * len(range(0, len(block), 4096))
+            time.sleep(seconds)
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return children * megabytes
+
+
+def fill_file(path: str, megabytes: int) -> int:
+    """Write `megabytes` MiB to a file, 1 MiB at a time; return the MiB written.
+
+    Args:
+        path: The file to write.
+        megabytes: How many MiB.
+    """
+    chunk = b"\x00" * (1024 * 1024)
+    with open(path, "wb") as f:
+        for _ in range(megabytes):
+            f.write(chunk)
+    return megabytes
+
+
+def read_file(path: str) -> str:
+    """Return the first 200 characters of a file.
+
+    Args:
+        path: The file to read.
+    """
+    with open(path) as f:
+        return f.read(200)
+
+
+def write_file(path: str, text: str) -> str:
+    """Write a text to a file; return the file's absolute path.
+
+    Args:
+        path: The file to write.
+        text: The text.
+    """
+    with open(path, "w") as f:
+        f.write(text)
+    return os.path.abspath(path)
+
+
+def spin_thread() -> str:
+    """Start a thread that burns CPU forever, then return at once."""
+    import threading
+
+    def burn() -> None:
+        while True:
+            pass
+
+    threading.Thread(target=burn, daemon=True).start()
+    return "started"
+
+
+def tamper_limits() -> str:
+    """Lift the address-space limit and make resource.setrlimit a no-op (for later calls)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    resource.setrlimit = lambda *args: None
+    return "tampered"
+
+
+def tamper_json() -> str:
+    """Replace json.dumps, so that later calls (if they ran here) would return the wrong output."""
+    import json
+
+    json.dumps = lambda *args, **kwargs: '"tampered"'
+    return "tampered"
+
+
+def spawn_detached(seconds: float) -> str:
+    """Start `sleep <seconds>` in a new session (out of the worker's process group) and return.
+
+    Args:
+        seconds: The child's sleep (a distinctive value lets a test find it).
+    """
+    import subprocess
+
+    subprocess.Popen(["sleep", str(seconds)], start_new_session=True)
+    return "spawned"
+
+
+def fork_and_segfault() -> None:
+    """Fork a child that keeps the worker's pipe open and sleeps, then die with SIGSEGV."""
+    if os.fork() == 0:
+        time.sleep(30)
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def signal_pid(pid: int, sig: int) -> str:
+    """Send a signal to a process id (0 only checks that it may be signalled).
+
+    Args:
+        pid: The process id.
+        sig: The signal number.
+    """
+    os.kill(pid, sig)
+    return "sent"
+
+
 TOOLS = [
     add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
     not_json, lucky_number, connect, network_interfaces, raw_connect, spawn_and_hang, warn, whoami, nap, imported, shout, push, pop, push_then_fail,
+    hog_children, fill_file, read_file, write_file, spin_thread, tamper_limits, tamper_json, spawn_detached,
+    fork_and_segfault, signal_pid,
 ]
 
 TOOLBOX = register_toolbox(
