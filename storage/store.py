@@ -11,7 +11,14 @@ exactly the rows of that (run_id, shard_id) (an overwrite with a predicate), so 
 leaves one copy and a writer killed before its commit leaves nothing visible. Concurrent commits
 that conflict are retried with backoff, then refused with `RetryableStoreError`.
 
-Reads: every table is a Polars LazyFrame (`pl.scan_delta`), at the latest or any past version.
+Integrity (docs/store.md): every data file the store commits has its sha256 recorded in the
+sidecar manifest (`storage.manifest`); reads check sizes always and hashes of files not verified
+since they last changed; `verify`/`check` and `repair` (storage.integrity) find and drop damaged
+shards. A shard written across several tables declares a marker table (`append(...,
+marker="tasks")`): its rows stay invisible to reads until the marker has rows of that shard.
+
+Reads: every table is a Polars LazyFrame (`pl.scan_delta`), at the latest or any past version,
+holding committed shards only unless `committed=False`.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import random
 import subprocess
 import time
+import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +46,7 @@ from storage.errors import (
     StoreError,
     StoreNotFoundError,
 )
+from storage.manifest import Key, Manifest
 from storage.schemas import SCHEMA_VERSION, TABLES, TableSpec, table_spec
 
 STORE_FILE = "_store.json"
@@ -88,7 +97,11 @@ class Store:
       create: allow creating the store; with False a missing store is an error at once.
       max_retries: commit attempts before `RetryableStoreError` when writers conflict.
       check_files: on scan, check that each data file exists with the size the Delta log
-        records (stat only), so a truncated file is named before Polars reads it.
+        records, and that files changed since their last verification still match their
+        recorded sha256, so a damaged file is named before Polars reads it.
+      record_grace_s: a data file with no recorded checksum that is older than this is an
+        error on read (a writer records its files right after its commit; younger files may
+        be in flight). `store repair --adopt` records them.
     """
 
     def __init__(
@@ -99,8 +112,11 @@ class Store:
         max_retries: int = 12,
         check_files: bool = True,
         target_file_size: int | None = None,
+        record_grace_s: float = 600.0,
     ) -> None:
         self.root = Path(root).expanduser()
+        self.manifest = Manifest(self.root)
+        self.record_grace_s = record_grace_s
         if max_retries < 1:
             raise ValueError(f"max_retries must be >= 1, got {max_retries}")
         self.max_retries = max_retries
@@ -308,18 +324,23 @@ class Store:
         arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
         return pa.Table.from_arrays(arrays, schema=spec.schema)
 
-    def append(self, table: str, rows: Rows, *, run_id: str, shard_id: str) -> int:
+    def append(self, table: str, rows: Rows, *, run_id: str, shard_id: str, marker: str | None = None) -> int:
         """Write `rows` as shard (run_id, shard_id) of `table` in one commit; return the version.
 
         `rows`: a list of dicts, a pyarrow Table, a polars DataFrame, or a pyarrow
         RecordBatchReader (streamed; a stream cannot be retried after a lost commit race).
         Writing the same shard again replaces it (one copy). A conflict with concurrent writers
         is retried up to `max_retries` times with jittered backoff, then `RetryableStoreError`.
+        `marker`: another table whose rows of (run_id, shard_id) mark this shard committed
+        (write the marker table last); until then reads leave the shard out. The sha256 of
+        every data file the commit adds is recorded in the manifest.
         """
         from deltalake import CommitProperties, DeltaTable, write_deltalake
         from deltalake.exceptions import DeltaError
 
         spec = table_spec(table)
+        if marker is not None and (marker == table or marker not in TABLES):
+            raise ValueError(f"marker of table {table!r} must be another store table, not {marker!r}")
         if isinstance(rows, pa.RecordBatchReader):
             # A stream is converted batch by batch, so a large shard need not fit in memory.
             batches = (
@@ -336,12 +357,17 @@ class Store:
             self._create_table(spec)
             self._check_table_version(table, DeltaTable(path))
             self._checked.add(table)
+        if marker is not None:
+            # Declared before the commit: a writer killed after it leaves an invisible shard.
+            self.manifest.declare(table, run_id, shard_id, marker)
         predicate = f"run_id = {_sql_literal(run_id)} AND shard_id = {_sql_literal(shard_id)}"
+        token = uuid.uuid4().hex
         commit = CommitProperties(
             custom_metadata={
                 "dataengine.run_id": run_id,
                 "dataengine.shard_id": shard_id,
                 "dataengine.schema_version": str(SCHEMA_VERSION),
+                "dataengine.commit": token,
             }
         )
         delay = 0.05
@@ -350,11 +376,15 @@ class Store:
         for _ in range(attempts):
             try:
                 dt = DeltaTable(path)
+                read_version = dt.version()
                 write_deltalake(
                     dt, data, mode="overwrite", predicate=predicate, commit_properties=commit,
                     target_file_size=self.target_file_size,
                 )
-                return dt.version()
+                version = self._record_commit(table, dt, token, read_version)
+                if marker is None:
+                    self.manifest.undeclare_if_present(table, run_id, shard_id)
+                return version
             except DeltaError as exc:
                 if not _is_conflict(exc):
                     raise StoreError(f"append to table {table!r} in {self.root} failed: {exc}") from exc
@@ -365,6 +395,20 @@ class Store:
             f"append of shard ({run_id}, {shard_id}) to table {table!r} in {self.root} lost "
             f"{attempts} commit race(s) with concurrent writers; retry it ({last})"
         )
+
+    def _record_commit(self, table: str, dt, token: str, read_version: int, *, source: str = "commit") -> int:
+        """Record the sha256 and shard keys of the files the commit tagged `token` added;
+        return its version."""
+        from storage.integrity import commit_adds, file_keys, file_record
+
+        version, adds = commit_adds(self.table_path(table), token, dt.version(), read_version)
+        base = self.table_path(table)
+        records = [
+            file_record(base, row["path"], row["size_bytes"], file_keys(base, row), version=version, source=source)
+            for row in adds
+        ]
+        self.manifest.record(table, records)
+        return version
 
     def committed_shards(self, table: str, run_id: str) -> set[str]:
         """shard_ids of `run_id` that have rows in `table` (a resumed run skips them)."""
@@ -403,59 +447,124 @@ class Store:
     # ---- reading --------------------------------------------------------------------------
 
     def data_files(self, table: str, version: int | None = None) -> pa.Table:
-        """The active data files of `table`: columns path (relative), size_bytes, num_records."""
+        """The active data files of `table`: columns path (relative), size_bytes, num_records,
+        modification_time and the min/max run_id and shard_id from the Delta file statistics."""
         dt = self._delta(table, version)
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        keep = [c for c in ("path", "size_bytes", "num_records", "min.shard_id", "min.run_id") if c in actions.column_names]
-        return actions.select(keep)
+        return _data_files(dt)
+
+    def verify(self, table: str, version: int | None = None, *, full: bool = False) -> list:
+        """Every problem of `table`'s data files (at `version`), as `integrity.FileProblem`s.
+
+        Each file must exist with the size the Delta log records and match its recorded
+        sha256 (re-hashed only when it changed since its last verification, unless `full`).
+        With `full`, every file is hashed and decoded with Polars' Parquet reader, and files
+        with no recorded checksum are listed too.
+        """
+        from storage.integrity import verify_files
+
+        dt = self._delta(table, version)
+        return verify_files(self, table, _data_files(dt), full=full)
 
     def check(self, table: str, version: int | None = None, *, full: bool = False) -> None:
-        """Raise `CorruptFileError` naming the first damaged data file of `table`.
+        """Raise `CorruptFileError` naming the first damaged data file of `table` (see `verify`)."""
+        problems = self.verify(table, version, full=full)
+        if problems:
+            raise CorruptFileError(problems[0].message(self.root))
 
-        Cheap by default: each file must exist with the size the Delta log records. With
-        `full`, every file is also read completely.
+    def scan(self, table: str, version: int | None = None, *, committed: bool = True,
+             marker_version: int | None = None) -> pl.LazyFrame:
+        """`table` as a Polars LazyFrame, at the latest or the given Delta `version`.
+
+        committed: leave out shards declared with a marker table that has no rows of them
+        (read at `marker_version`, default latest); False reads every row.
         """
-        import pyarrow.parquet as pq
+        from storage.integrity import verify_files
 
-        files = self.data_files(table, version).to_pylist()
-        base = self.table_path(table)
-        for f in files:
-            path = base / f["path"]
-            shard = f"run {f.get('min.run_id')!r} shard {f.get('min.shard_id')!r}"
-            if not path.exists():
-                raise CorruptFileError(
-                    f"table {table!r}: data file {path} ({shard}) is missing; restore it, or drop "
-                    "the table to an earlier version"
-                )
-            size = path.stat().st_size
-            if f.get("size_bytes") is not None and size != f["size_bytes"]:
-                raise CorruptFileError(
-                    f"table {table!r}: data file {path} ({shard}) is truncated or damaged: "
-                    f"{size} bytes, the Delta log records {f['size_bytes']}"
-                )
-            if full:
-                try:
-                    pq.read_table(path)
-                except Exception as exc:
-                    raise CorruptFileError(f"table {table!r}: data file {path} ({shard}) is unreadable: {exc}") from exc
-
-    def scan(self, table: str, version: int | None = None) -> pl.LazyFrame:
-        """`table` as a Polars LazyFrame, at the latest or the given Delta `version`."""
         dt = self._delta(table, version)
         if self.check_files:
-            self.check(table, version)
-        return pl.scan_delta(dt)
+            problems = verify_files(self, table, _data_files(dt), full=False)
+            if problems:
+                raise CorruptFileError(problems[0].message(self.root))
+        frame = pl.scan_delta(dt)
+        if committed:
+            pending = self.pending_shards(table, marker_version)
+            if pending:
+                frame = frame.filter(~_key_filter(pending))
+        return frame
 
-    def read(self, table: str, version: int | None = None) -> pl.LazyFrame:
+    def committed(self, table: str, version: int | None = None, *, marker_version: int | None = None) -> pl.LazyFrame:
+        """The rows of committed shards of `table` (what `scan` returns by default): use it
+        where the intent should be explicit (derive, exports)."""
+        return self.scan(table, version, committed=True, marker_version=marker_version)
+
+    def pending_shards(self, table: str, marker_version: int | None = None) -> list[Key]:
+        """Sorted (run_id, shard_id) shards of `table` declared with a marker table that has no
+        rows of them (at `marker_version`): written by a writer that did not finish the shard."""
+        declared = self.manifest.declared(table)
+        pending: set[Key] = set()
+        for marker, keys in declared.items():
+            if not self.has_table(marker):
+                pending |= keys
+                continue
+            runs = sorted({r for r, _ in keys})
+            have = (
+                self.scan(marker, marker_version, committed=False)
+                .filter(pl.col("run_id").is_in(runs))
+                .select("run_id", "shard_id").unique()
+            )
+            done = set(self.collect(have, tables=[marker]).iter_rows())
+            pending |= keys - done
+        return sorted(pending)
+
+    def collect(self, frame: pl.LazyFrame, *, tables: list[str], versions: dict[str, int] | None = None) -> pl.DataFrame:
+        """`frame.collect()`, with a Polars read error turned into a one-line `StoreError`
+        naming the damaged file of `tables` when a full check finds one."""
+        try:
+            return frame.collect()
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, StoreError)):
+                raise
+            raise self.read_error(exc, tables, versions) from exc
+
+    def read_error(self, exc: BaseException, tables: list[str], versions: dict[str, int] | None = None) -> StoreError:
+        """The StoreError explaining a failed read of `tables`: the first damaged file a full
+        check of them finds, else the first line of `exc` and what to run."""
+        for name in tables:
+            if not self.has_table(name):
+                continue
+            try:
+                problems = self.verify(name, (versions or {}).get(name), full=True)
+            except StoreError as err:
+                return err
+            damaged = [p for p in problems if p.kind != "unrecorded"]
+            if damaged:
+                return CorruptFileError(damaged[0].message(self.root))
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return StoreError(
+            f"reading table(s) {', '.join(tables)} in {self.root} failed: {first}; run "
+            f"`dataengine store check --full --store {self.root}`"
+        )
+
+    def repair(self, tables: list[str] | None = None, *, dry_run: bool = False, adopt: bool = False):
+        """Drop every shard that has a damaged data file, with its marker rows and the rows of
+        the tables declared with the same marker, so rerunning its run regenerates it; with
+        `adopt`, record the checksums of files that have none after decoding them. Returns an
+        `integrity.RepairReport` (its `lines()` say exactly what was, or would be, done)."""
+        from storage.integrity import repair
+
+        return repair(self, tables, dry_run=dry_run, adopt=adopt)
+
+    def read(self, table: str, version: int | None = None, *, committed: bool = True,
+             marker_version: int | None = None) -> pl.LazyFrame:
         """Same as `scan`: the table at a version, for exact rebuilds from recorded versions."""
-        return self.scan(table, version)
+        return self.scan(table, version, committed=committed, marker_version=marker_version)
 
     def empty(self, table: str) -> pl.LazyFrame:
         """An empty LazyFrame with `table`'s schema (for a table not written yet)."""
         return pl.from_arrow(table_spec(table).schema.empty_table()).lazy()
 
-    def scan_or_empty(self, table: str, version: int | None = None) -> pl.LazyFrame:
-        return self.scan(table, version) if self.has_table(table) else self.empty(table)
+    def scan_or_empty(self, table: str, version: int | None = None, *, committed: bool = True) -> pl.LazyFrame:
+        return self.scan(table, version, committed=committed) if self.has_table(table) else self.empty(table)
 
     def runs(self, version: int | None = None) -> pl.LazyFrame:
         return self.scan("runs", version)
@@ -484,17 +593,20 @@ class Store:
     def models(self, version: int | None = None) -> pl.LazyFrame:
         return self.scan("models", version)
 
-    def sql(self, query: str, *, versions: dict[str, int] | None = None) -> pl.LazyFrame:
+    def sql(self, query: str, *, versions: dict[str, int] | None = None, committed: bool = True) -> pl.LazyFrame:
         """Run SQL over every written table (registered by name) through Polars' SQLContext.
 
-        A table whose files are damaged is left out (the rest stays queryable); naming it in
-        the query then fails with the reason.
+        Tables hold committed shards only unless `committed=False`. A table whose files are
+        damaged is left out (the rest stays queryable); naming it in the query then fails with
+        the reason.
         """
         ctx = pl.SQLContext()
         broken: dict[str, str] = {}
+        versions = versions or {}
         for name in self.tables():
             try:
-                ctx.register(name, self.scan(name, (versions or {}).get(name)))
+                ctx.register(name, self.scan(name, versions.get(name), committed=committed,
+                                             marker_version=versions.get("tasks")))
             except StoreError as exc:
                 broken[name] = str(exc)
         try:
@@ -514,24 +626,37 @@ class Store:
     def compact(self, table: str, *, target_size: int | None = None) -> dict[str, Any]:
         """Merge small data files (one per shard) into larger ones in one commit; rows and
         shard replacement semantics are unchanged. Returns Delta's optimize metrics."""
+        from deltalake import CommitProperties
         from deltalake.exceptions import DeltaError
 
+        # Compaction reads every file: refuse to copy a damaged one into a new, recorded file.
+        self.check(table)
         dt = self._delta(table)
+        token = uuid.uuid4().hex
+        read_version = dt.version()
         try:
-            return dt.optimize.compact(target_size=target_size)
+            metrics = dt.optimize.compact(
+                target_size=target_size, commit_properties=CommitProperties(custom_metadata={"dataengine.commit": token})
+            )
         except DeltaError as exc:
             if _is_conflict(exc):
                 raise RetryableStoreError(f"compaction of table {table!r} conflicted with a writer; retry it") from exc
             raise StoreError(f"compaction of table {table!r} in {self.root} failed: {exc}") from exc
+        if metrics.get("numFilesAdded", 0):
+            self._record_commit(table, self._delta(table), token, read_version, source="compact")
+        return metrics
 
     def vacuum(self, table: str, *, retention_hours: int = 1, dry_run: bool = False) -> list[str]:
         """Delete data files no version references and older than `retention_hours` (files
         left by killed writers, or replaced shards); return their paths. Versions older than
         the retention can no longer be read afterwards."""
         dt = self._delta(table)
-        return dt.vacuum(
+        deleted = dt.vacuum(
             retention_hours=int(retention_hours), dry_run=dry_run, enforce_retention_duration=False, full=True
         )
+        if not dry_run:
+            self.manifest.forget(table, deleted)
+        return deleted
 
     def history(self, table: str) -> list[dict[str, Any]]:
         """The Delta commit history of `table`, newest first."""
@@ -540,3 +665,20 @@ class Store:
     def iter_tables(self) -> Iterable[tuple[str, pl.LazyFrame]]:
         for name in self.tables():
             yield name, self.scan(name)
+
+
+def _data_files(dt) -> pa.Table:
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    keep = [c for c in ("path", "size_bytes", "num_records", "modification_time", "min.run_id", "max.run_id",
+                        "min.shard_id", "max.shard_id") if c in actions.column_names]
+    return actions.select(keep)
+
+
+def _key_filter(keys: list[Key]) -> pl.Expr:
+    """True for rows whose (run_id, shard_id) is one of `keys`."""
+    by_run: dict[str, list[str]] = {}
+    for run_id, shard_id in keys:
+        by_run.setdefault(run_id, []).append(shard_id)
+    return pl.any_horizontal(
+        [(pl.col("run_id") == run_id) & pl.col("shard_id").is_in(shards) for run_id, shards in by_run.items()]
+    )

@@ -42,8 +42,17 @@ class DedupMode(str, Enum):
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
+    """Print one line to stderr and exit 1."""
+    lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
+    typer.echo(f"error: {'; '.join(lines) or 'failed'}", err=True)
     raise typer.Exit(code=1)
+
+
+def _read_failure(opened, exc: BaseException, tables: list[str], versions: dict[str, int] | None = None) -> None:
+    """Exit with the one-line StoreError explaining a failed read (a damaged file if found)."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        raise exc
+    _fail(str(opened.read_error(exc, tables, versions)))
 
 
 def _open(store: Path):
@@ -64,8 +73,10 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout (required for parquet).")] = None,
         limit: Annotated[int, typer.Option("--max-rows", help="Rows shown by --format table.")] = 50,
         at: Annotated[list[str] | None, typer.Option("--at", help="TABLE=VERSION: read that table at a past Delta version (repeatable).")] = None,
+        all_shards: Annotated[bool, typer.Option("--all-shards", help="Also rows of shards whose commit marker is missing (half-written).")] = False,
     ) -> None:
-        """Run SQL (Polars SQLContext) with every written table registered by name."""
+        """Run SQL (Polars SQLContext) with every written table registered by name (committed
+        shards only, unless --all-shards)."""
         import polars as pl
 
         from storage import StoreError
@@ -80,11 +91,15 @@ def register(app: typer.Typer) -> None:
                 _fail(f"--at {item!r}: no table {name!r} in the store (tables: {', '.join(opened.tables()) or 'none'})")
             versions[name] = int(number)
         try:
-            frame = opened.sql(sql, versions=versions).collect()
+            lazy = opened.sql(sql, versions=versions, committed=not all_shards)
         except StoreError as exc:
             _fail(str(exc))
-        except pl.exceptions.PolarsError as exc:
-            _fail(f"query failed: {exc}")
+        try:
+            frame = lazy.collect()
+        except StoreError as exc:
+            _fail(str(exc))
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
+            _read_failure(opened, exc, [t for t in opened.tables() if t in sql], versions)
         if format is QueryFormat.parquet:
             if out is None:
                 _fail("--format parquet needs --out PATH")
@@ -125,6 +140,8 @@ def register(app: typer.Typer) -> None:
         record_run_id: Annotated[str | None, typer.Option("--record-run-id", help="Also record the export as this run in the runs table.")] = None,
     ) -> None:
         """Export pairs, sft or replay rows in the dataset format TRL reads, with lineage."""
+        import polars as pl
+
         from storage import StoreError
         from storage.export import ExportFilters, export, lineage_path
 
@@ -143,6 +160,8 @@ def register(app: typer.Typer) -> None:
             )
         except (StoreError, ValueError, KeyError, ImportError) as exc:
             _fail(str(exc))
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
+            _read_failure(opened, exc, [kind.value], {kind.value: version} if version is not None else None)
         d = result.dedup
         typer.echo(
             f"wrote {result.rows} {kind.value} rows to {out} ({format.value}); dedup removed "
@@ -170,7 +189,9 @@ def register(app: typer.Typer) -> None:
                 files = opened.data_files(name)
                 rows = sum(files.column("num_records").to_pylist()) if "num_records" in files.column_names else "?"
                 opened.check(name)
-                table.add_row(name, str(opened.version(name)), str(rows), str(files.num_rows), "ok")
+                pending = opened.pending_shards(name)
+                status = f"ok; {len(pending)} shard(s) lack their commit marker (hidden)" if pending else "ok"
+                table.add_row(name, str(opened.version(name)), str(rows), str(files.num_rows), status)
             except StoreError as exc:
                 table.add_row(name, "?", "?", "?", f"[red]{exc}[/red]")
         Console().print(f"store {opened.root} (schema version {opened.schema_version})")
@@ -179,22 +200,56 @@ def register(app: typer.Typer) -> None:
     @store_app.command("check")
     def check_command(
         store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
-        full: Annotated[bool, typer.Option("--full", help="Read every data file completely.")] = False,
+        full: Annotated[bool, typer.Option("--full", help="Hash and decode every data file, and list files without a checksum.")] = False,
     ) -> None:
-        """Check every table's data files; exit 1 naming each damaged file."""
+        """Check every table's data files (present, logged size, recorded sha256; --full: every
+        file hashed and decoded with Polars); exit 1 naming each damaged file, one per line."""
         from storage import StoreError
 
         opened = _open(store)
         bad = 0
         for name in opened.tables():
             try:
-                opened.check(name, full=full)
-                typer.echo(f"{name}: ok")
+                problems = opened.verify(name, full=full)
+                pending = opened.pending_shards(name)
             except StoreError as exc:
                 bad += 1
                 typer.echo(f"{name}: {exc}", err=True)
+                continue
+            for p in problems:
+                typer.echo(f"{name}: {p.message(opened.root)}", err=True)
+            bad += bool(problems)
+            if pending:
+                r, s_ = pending[0]
+                typer.echo(f"{name}: {len(pending)} shard(s) written without their commit marker are hidden from reads "
+                           f"(e.g. run {r!r} shard {s_!r}); rerun their run to complete them")
+            if not problems:
+                typer.echo(f"{name}: ok")
         if bad:
             raise typer.Exit(code=1)
+
+    @store_app.command("repair")
+    def repair_command(
+        store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be dropped or adopted.")] = False,
+        adopt: Annotated[bool, typer.Option("--adopt", help="Record the checksums of files that have none, once they decode.")] = False,
+        table: Annotated[list[str] | None, typer.Option("--table", help="Only these tables (repeatable).")] = None,
+    ) -> None:
+        """Drop every shard that has a damaged data file (with its commit-marker rows and the
+        other tables' rows of that shard) so rerunning its run regenerates it; print each
+        file and shard dropped. --adopt records checksums of files written without one."""
+        from storage import TABLES, StoreError
+
+        opened = _open(store)
+        unknown = [t for t in table or [] if t not in TABLES]
+        if unknown:
+            _fail(f"unknown table(s) {', '.join(unknown)}; the store has tables: {', '.join(TABLES)}")
+        try:
+            report = opened.repair(table or None, dry_run=dry_run, adopt=adopt)
+        except StoreError as exc:
+            _fail(str(exc))
+        for line in report.lines(opened.root):
+            typer.echo(line)
 
     @store_app.command("schema")
     def schema_command(table: str | None = typer.Argument(None, help="One table (default: all).")) -> None:
@@ -268,9 +323,14 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[bool, typer.Option("--dry-run/--delete", help="List only (default) or delete.")] = True,
     ) -> None:
         """Remove data files no table version needs (killed writers, replaced shards)."""
+        from storage import StoreError
+
         opened = _open(store)
         for name in opened.tables():
-            files = opened.vacuum(name, retention_hours=retention_hours, dry_run=dry_run)
+            try:
+                files = opened.vacuum(name, retention_hours=retention_hours, dry_run=dry_run)
+            except StoreError as exc:
+                _fail(str(exc))
             typer.echo(f"{name}: {len(files)} file(s) {'to delete' if dry_run else 'deleted'}")
 
     app.add_typer(store_app, name="store")

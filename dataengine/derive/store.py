@@ -1,11 +1,13 @@
 """Writing derived datasets to the store, with lineage.
 
-`derive(store, kinds, run_ids=[...])` reads the nodes, trajectories and tasks tables at their
-current Delta versions, derives each dataset with the pure functions of this package, and writes
+`derive(store, kinds, run_ids=[...])` reads the committed shards of the nodes, trajectories and
+tasks tables at their current Delta versions (a shard whose `tasks` commit marker was never
+written is left out, read with the marker table at the same recorded version), derives each dataset with the pure functions of this package, and writes
 it as one shard `derive/<kind>` of the output run (default: the source run itself) to `pairs`,
 `sft` or `replay`, every row carrying `source_versions_json` = the versions read; a `runs` row
 (kind "derive/<kind>") records the settings. Deriving again replaces the shard (one copy).
 Storage's exports then turn the tables into TRL datasets (`dataengine store export ...`).
+A damaged or unreadable source file raises a one-line `StoreError` naming the table and file.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from dataengine.derive.common import with_parsed_calls
 from dataengine.derive.pairs import (
     MARGIN,
     MIN_VISITS,
@@ -32,9 +35,12 @@ from dataengine.derive.sft import (
     recovery_examples,
     rejection_sft,
 )
+from storage.formats import PAIRS, REPLAY, SFT
 
 KINDS = ("step-pairs", "trajectory-pairs", "sft", "recovery", "replay")
-TABLE_OF = {"step-pairs": "pairs", "trajectory-pairs": "pairs", "sft": "sft", "recovery": "sft", "replay": "replay"}
+# The dataset kind (storage.formats) each derivation writes; its name is the store table.
+FORMAT_OF = {"step-pairs": PAIRS, "trajectory-pairs": PAIRS, "sft": SFT, "recovery": SFT, "replay": REPLAY}
+TABLE_OF = {kind: spec.table for kind, spec in FORMAT_OF.items()}
 SOURCES_OF = {
     "step-pairs": ("nodes", "tasks"),
     "trajectory-pairs": ("trajectories", "nodes", "tasks"),
@@ -101,7 +107,17 @@ class DeriveResult:
 
 def derive_frame(kind: str, sources: dict[str, pl.LazyFrame | None], options: DeriveOptions,
                  run_ids: list[str] | None = None) -> pl.DataFrame:
-    """The rows of one derived dataset (before writing) from the source LazyFrames."""
+    """The rows of one derived dataset (before writing) from the source LazyFrames; every
+    assistant turn of their message lists carries its parsed `tool_calls`."""
+    frame = _derive_frame(kind, sources, options, run_ids)
+    return frame.with_columns(
+        pl.col(c).map_elements(with_parsed_calls, return_dtype=pl.String)
+        for c in FORMAT_OF[kind].store_message_columns
+    )
+
+
+def _derive_frame(kind: str, sources: dict[str, pl.LazyFrame | None], options: DeriveOptions,
+                  run_ids: list[str] | None = None) -> pl.DataFrame:
     o = options
     nodes, trajs, tasks = sources.get("nodes"), sources.get("trajectories"), sources.get("tasks")
     if kind == "step-pairs":
@@ -147,15 +163,24 @@ def derive(
         out_run_id = run_ids[0]
     written = set(store.tables())
     versions = {t: store.version(t) for t in ("nodes", "trajectories", "tasks") if t in written}
+
+    def scan(table: str) -> pl.LazyFrame:
+        # Committed shards only, judged by the tasks marker at the version recorded as lineage.
+        return store.committed(table, versions[table], marker_version=versions.get("tasks"))
+
     if run_ids and "trajectories" in versions:
-        present = set(store.scan("trajectories", versions["trajectories"]).select("run_id").unique()
-                      .collect()["run_id"].to_list())
+        present = set(_run_ids(store, scan("trajectories"), ["trajectories"], versions))
         if "nodes" in versions:
-            present |= set(store.scan("nodes", versions["nodes"]).select("run_id").unique().collect()["run_id"].to_list())
+            present |= set(_run_ids(store, scan("nodes"), ["nodes"], versions))
         missing = [r for r in run_ids if r not in present]
         if missing:
-            raise ValueError(f"run(s) {', '.join(missing)} have no nodes or trajectories in {store.root}; "
-                             f"runs there: {', '.join(sorted(present)) or 'none'}")
+            pending = sorted({k for t in ("nodes", "trajectories") if t in versions
+                              for k in store.pending_shards(t, versions.get("tasks")) if k[0] in missing})
+            hint = (f"; {len(pending)} shard(s) of them were written without their tasks commit marker "
+                    f"(e.g. run {pending[0][0]!r} shard {pending[0][1]!r}): rerun the generate run to complete them"
+                    if pending else "")
+            raise ValueError(f"run(s) {', '.join(missing)} have no committed nodes or trajectories in {store.root}; "
+                             f"runs there: {', '.join(sorted(present)) or 'none'}{hint}")
     results = []
     for kind in kinds:
         lacking = [t for t in REQUIRED_SOURCES[kind] if t not in versions]
@@ -164,8 +189,11 @@ def derive(
                              "run `dataengine generate` first")
         start = time.perf_counter()
         used = {t: versions[t] for t in SOURCES_OF[kind] if t in versions}
-        sources = {t: store.scan(t, v) for t, v in used.items()}
-        frame = derive_frame(kind, sources, options, run_ids)
+        sources = {t: scan(t) for t in used}
+        try:
+            frame = derive_frame(kind, sources, options, run_ids)
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
+            raise store.read_error(exc, list(used), used) from exc
         frame = frame.drop("run_id").with_columns(source_versions_json=pl.lit(json.dumps(used, sort_keys=True)))
         table, shard = TABLE_OF[kind], f"derive/{kind}"
         version = store.append(table, frame, run_id=out_run_id, shard_id=shard)
@@ -174,3 +202,7 @@ def derive(
         results.append(DeriveResult(kind, table, out_run_id, shard, frame.height, version, used,
                                     time.perf_counter() - start))
     return results
+
+
+def _run_ids(store: Any, frame: pl.LazyFrame, tables: list[str], versions: dict[str, int]) -> list[str]:
+    return store.collect(frame.select("run_id").unique(), tables=tables, versions=versions)["run_id"].to_list()

@@ -253,8 +253,9 @@ def run_shard(
 
 
 def write_shard(store: Any, out: ShardOutput, run_id: str) -> None:
-    """One transaction per table: nodes, trajectories, then tasks (the commit marker)."""
+    """One transaction per table: nodes, trajectories, then tasks (the commit marker); reads
+    leave the shard's nodes and trajectories out until its tasks rows are committed."""
     if out.nodes:
-        store.append("nodes", out.nodes, run_id=run_id, shard_id=out.shard_id)
-    store.append("trajectories", out.trajectories, run_id=run_id, shard_id=out.shard_id)
+        store.append("nodes", out.nodes, run_id=run_id, shard_id=out.shard_id, marker="tasks")
+    store.append("trajectories", out.trajectories, run_id=run_id, shard_id=out.shard_id, marker="tasks")
     store.append("tasks", out.tasks, run_id=run_id, shard_id=out.shard_id)
