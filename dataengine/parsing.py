@@ -12,23 +12,42 @@ Accepted (see docs/tools.md):
 
 Parsing checks syntax only: unknown tool names are the verifiers' business. parse_action never
 raises; a malformed reply becomes an Action whose `parse_error` names the problem.
+
+Limits (the text is untrusted): a reply over MAX_REPLY_CHARS is a parse error; arguments must be
+finite JSON (no NaN/Infinity), at most MAX_ARGUMENT_DEPTH deep and MAX_ARGUMENT_CHARS long.
+Parsing is linear in the reply length: str.find/strip/startswith and fixed-word regexes only.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
-from dataengine.types import Action, ToolCall, ToolSpec
+from dataengine.types import (
+    MAX_ARGUMENT_DEPTH,
+    Action,
+    ToolCall,
+    ToolSpec,
+    argument_problem,
+    canonical_json,
+)
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 RESPONSE_TAG = "<tool_response>"
 EXPECTED = "expected <tool_call>{...}</tool_call> or a final answer"
 
-_ANSWER_LABEL = re.compile(r"^\s*(?:\*\*)?(?:final\s+answer|answer)\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?", re.IGNORECASE)
-_CODE_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+MAX_REPLY_CHARS = 1 << 20
+"""Longer replies (after the hallucinated `<tool_response>` tail is cut) are a parse error."""
+MAX_ARGUMENT_CHARS = 1 << 16
+"""Longest arguments of one call, as canonical JSON (sorted keys, no spaces)."""
+
+# Fixed words: no quantifier, so nothing to backtrack; the regex gives re.IGNORECASE's matching.
+_FINAL = re.compile("final", re.IGNORECASE)
+_ANSWER = re.compile("answer", re.IGNORECASE)
+_FENCE = "```"
 
 
 def parse_action(text: str, tools: list[ToolSpec] | None = None) -> Action:
@@ -48,11 +67,14 @@ def _parse(text: str) -> Action:
     cut = text.find(RESPONSE_TAG)
     if cut >= 0:
         text = text[:cut].rstrip()
+    if len(text) > MAX_REPLY_CHARS:
+        error = f"reply is {len(text)} characters long, over the {MAX_REPLY_CHARS}-character limit"
+        return Action(text=text, parse_error=error)
     start = text.find(OPEN_TAG)
     if start < 0:
         if CLOSE_TAG in text:
             return Action(text=text, parse_error=f"found {CLOSE_TAG} without an opening {OPEN_TAG} ({EXPECTED})")
-        answer = _ANSWER_LABEL.sub("", text.strip(), count=1).strip()
+        answer = _drop_answer_label(text.strip()).strip()
         if not answer:
             return Action(text=text, parse_error=f"empty reply ({EXPECTED})")
         return Action(text=text, final_answer=answer)
@@ -65,8 +87,7 @@ def _parse(text: str) -> Action:
         index += 1
         body_start = pos + len(OPEN_TAG)
         end = text.find(CLOSE_TAG, body_start)
-        nested = text.find(OPEN_TAG, body_start)
-        if end < 0 or (0 <= nested < end):
+        if end < 0 or text.find(OPEN_TAG, body_start, end) >= 0:
             error = f"unclosed {OPEN_TAG} tag in tool call {index} (missing {CLOSE_TAG})"
             return Action(text=text, thought=thought, parse_error=error)
         found, error = _parse_block(text[body_start:end], index)
@@ -79,21 +100,76 @@ def _parse(text: str) -> Action:
     return Action(text=text, thought=thought, tool_calls=calls)
 
 
+def _drop_answer_label(text: str) -> str:
+    """`text` (stripped) without a leading `Final answer:` / `Answer:` label: any case, optionally
+    bold (`**Answer:**`, `**Answer**:`), `:` or `：`. A few str operations: linear time."""
+    rest = _drop_bold(text)
+    if _FINAL.match(rest):
+        after = rest[5:]
+        rest = after.lstrip()
+        if len(rest) == len(after):  # "final" must be followed by whitespace
+            return text
+    if not _ANSWER.match(rest):
+        return text
+    rest = _drop_bold(rest[6:].lstrip()).lstrip()
+    if not rest.startswith((":", "：")):
+        return text
+    return _drop_bold(rest[1:].lstrip())
+
+
+def _drop_bold(text: str) -> str:
+    return text.removeprefix("**")
+
+
+def _unfence(body: str) -> str:
+    """The inside of a ```` ```json ... ``` ```` fence around the whole (stripped) body, stripped;
+    `body` itself when it is not fenced."""
+    if len(body) < 2 * len(_FENCE) or not (body.startswith(_FENCE) and body.endswith(_FENCE)):
+        return body
+    inner = body[len(_FENCE):-len(_FENCE)]
+    return inner.removeprefix("json").strip()
+
+
+class _BadNumber(ValueError):
+    """A number in model JSON that cannot be stored: NaN, Infinity or a float that overflows."""
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _BadNumber(literal)
+    return value
+
+
+def _no_constant(literal: str) -> float:
+    raise _BadNumber(literal)
+
+
+def _loads(text: str, where: str) -> tuple[Any, str | None]:
+    """(value, None) or (None, error) for JSON from the model: finite numbers only."""
+    try:
+        return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant), None
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON in {where} at line {exc.lineno} column {exc.colno} (char {exc.pos}): {exc.msg}"
+    except _BadNumber as exc:
+        literal = str(exc)
+        shown = literal if len(literal) <= 40 else literal[:40] + "..."
+        return None, f"the JSON in {where} holds {shown}, which is not a finite number (NaN and Infinity are not allowed)"
+    except ValueError as exc:  # an integer over Python's digit limit
+        return None, f"the JSON in {where} holds a number that cannot be read: {str(exc).split(';')[0]}"
+    except RecursionError:
+        return None, f"the JSON in {where} is nested too deeply (arguments may nest at most {MAX_ARGUMENT_DEPTH} levels)"
+
+
 def _parse_block(body: str, index: int) -> tuple[list[ToolCall], str | None]:
     """The calls in one `<tool_call>` block: a JSON object, or a JSON array of objects."""
     where = f"tool call {index}"
-    body = body.strip()
-    fenced = _CODE_FENCE.match(body)
-    if fenced:
-        body = fenced.group(1)
+    body = _unfence(body.strip())
     if not body:
         return [], f"empty {where}: {EXPECTED}"
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return [], f"invalid JSON in {where} at line {exc.lineno} column {exc.colno} (char {exc.pos}): {exc.msg}"
-    except RecursionError:
-        return [], f"the JSON in {where} is nested too deeply"
+    obj, error = _loads(body, where)
+    if error:
+        return [], error
     if not isinstance(obj, list):
         call, error = _parse_call(obj, where)
         return ([call] if call else []), error
@@ -120,13 +196,26 @@ def _parse_call(obj: Any, where: str) -> tuple[ToolCall | None, str | None]:
     if arguments is None:
         arguments = {}
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return None, f"the \"arguments\" string of {where} is not valid JSON at char {exc.pos}: {exc.msg}"
+        if not arguments.strip():
+            arguments = {}
+        else:
+            arguments, error = _loads(arguments, f"the \"arguments\" string of {where}")
+            if error:
+                return None, error
     if not isinstance(arguments, dict):
         return None, f"the \"arguments\" of {where} is a JSON {_json_type(arguments)}, not an object"
-    return ToolCall(name=name.strip(), arguments=arguments), None
+    return _checked_call(name.strip(), arguments, where)
+
+
+def _checked_call(name: str, arguments: dict[str, Any], where: str) -> tuple[ToolCall | None, str | None]:
+    """The call, or the limit its arguments break (depth first: it bounds the size check's recursion)."""
+    problem = argument_problem(arguments)
+    if problem:
+        return None, f"the \"arguments\" of {where} {problem}"
+    size = len(canonical_json(arguments))
+    if size > MAX_ARGUMENT_CHARS:
+        return None, f"the \"arguments\" of {where} are {size} characters as JSON, over the {MAX_ARGUMENT_CHARS}-character limit"
+    return ToolCall(name=name, arguments=arguments), None
 
 
 def _json_type(value: Any) -> str:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Role = Literal["system", "user", "assistant", "tool"]
 Split = Literal["train", "heldout"]
@@ -26,16 +27,45 @@ def stable_hash(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
 
 
+MAX_ARGUMENT_DEPTH = 32
+"""Tool-call arguments nest at most this many containers deep (the arguments object is level 1)."""
+
+
+def argument_problem(arguments: Any) -> str | None:
+    """Why `arguments` cannot be stored as standard JSON, or None: containers nested deeper than
+    MAX_ARGUMENT_DEPTH, or a NaN/infinite float. Iterative, so deep input cannot recurse."""
+    stack = [(arguments, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"hold {value!r}, which is not a finite number (NaN and Infinity are not JSON)"
+        if isinstance(value, (dict, list, tuple)):
+            if depth > MAX_ARGUMENT_DEPTH:
+                return f"nest deeper than {MAX_ARGUMENT_DEPTH} levels"
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return None
+
+
 class ToolCall(BaseModel):
-    """One call of a tool: a name and a JSON object of arguments."""
+    """One call of a tool: a name and a JSON object of arguments (finite, at most
+    MAX_ARGUMENT_DEPTH deep: checked on construction so every call can be stored and keyed)."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("arguments")
+    @classmethod
+    def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = argument_problem(value)
+        if problem:
+            raise ValueError(f"tool-call arguments {problem}")
+        return value
+
     def key(self) -> str:
-        """Normalised identity of the call, used to merge duplicate actions."""
+        """Normalised identity of the call, used to merge duplicate actions. The validated
+        arguments are at most MAX_ARGUMENT_DEPTH deep, so this recursion is bounded."""
         return canonical_json({"name": self.name, "arguments": self.arguments})
 
 
