@@ -135,11 +135,14 @@ def test_which_when_execution():
     "pred,gold,how",
     [
         ("42", "42", "exact"),
-        ("The answer is 42.", "42", "numeric"),
+        ("The answer is 42.", "42", "exact"),
+        ("**Answer:** 42", "42", "exact"),
         ("42.0000001", "42", "numeric"),
-        ("1,234.5 km", "1234.5", "numeric"),
+        ("1,234.5", "1234.5", "numeric"),
+        ("1,234.5 km", "1234.5", "mentioned"),  # units only where the task lists them
+        ("17 + 25 = 42", "42", "mentioned"),
         ("17 + 25 = 43", "42", "miss_numeric"),
-        ("It is Paris, France.", "paris", "contained"),
+        ("It is Paris, France.", "paris", "mentioned"),
         ("Parisian food", "paris", "miss"),
         ("  PARIS. ", "Paris", "exact"),
     ],
@@ -150,8 +153,9 @@ def test_match_answer(pred, gold, how):
 
 def test_final_answer_confidence_and_missing_answer():
     v = FinalAnswerVerifier()
-    contained = v.verify(Episode(task=make_task(answer="Paris"), steps=[answer_step("I think it is Paris.")]))
-    assert contained.passed and contained.confidence < 0.8
+    mentioned = v.verify(Episode(task=make_task(answer="Paris"), steps=[answer_step("I think it is Paris.")]))
+    assert mentioned.passed is False and mentioned.confidence < 0.8 and mentioned.details["match"] == "mentioned"
+    assert mentioned.version == "2"
     none = v.verify(Episode(task=TASK, steps=[call_step(GOLD_CALL)]))
     assert none.passed is False
     assert v.verify(Episode(task=make_task(), steps=[])).passed is None

@@ -53,6 +53,8 @@ FACTS = [
     ("What is the largest planet in our solar system?", "Jupiter"), ("How many seconds are in a minute?", "60"),
     ("What is the opposite of left?", "right"),
 ]  # fmt: skip
+# Other full answers a strict answer check accepts (metadata["answer_aliases"]).
+ALIASES = {"Shakespeare": ["William Shakespeare"], "Pacific": ["Pacific Ocean"], "Earth": ["planet Earth"]}
 WORDS = ["apple", "river", "yes", "no", "hello", "thanks", "green", "blue", "purple", "orange", "window", "garden", "table", "pencil", "rocket", "planet", "forest", "silver", "golden", "winter", "summer", "autumn", "spring", "bridge", "castle", "dragon", "falcon", "guitar", "hammer", "island", "jacket", "kitten", "lemon", "marble", "needle", "ocean", "pepper", "quartz", "rabbit", "saddle", "tiger", "umbrella", "violin", "walnut", "yellow", "zebra", "anchor", "basket", "candle", "desert", "engine", "feather", "glacier", "harbor", "igloo", "jungle", "kettle", "ladder", "meadow", "napkin", "orchard", "pillow", "quiver", "ribbon", "sunset", "tunnel", "valley", "wagon", "yogurt", "acorn", "banana", "cactus", "dolphin", "eagle", "fossil", "goblet", "helmet", "insect", "jigsaw", "koala", "lantern", "magnet", "nectar", "otter", "parrot", "quilt", "raven", "spider", "turtle", "unicorn", "velvet", "whistle", "canyon", "breeze", "comet", "lizard", "mango", "nutmeg", "oyster", "panda", "sparrow", "tomato", "waffle", "cherry", "copper", "cotton", "crystal", "dinner", "donkey", "elbow", "fabric", "fiddle", "finger", "flower", "frozen", "ginger", "hollow", "honey", "hunter", "jelly", "jungle", "kernel", "kidney", "legend", "linen", "lotus", "mirror", "monkey", "muffin", "object", "orbit", "oxygen", "paddle", "palace", "peanut", "pebble", "pirate", "pocket", "puzzle", "radar", "rocket", "salad", "shadow", "silk", "sugar", "tablet", "thunder", "timber", "tulip", "velvet", "vessel", "wander", "wizard"]
 WORDS = sorted(set(WORDS))
 KINDS = ["capital", "fact", "reply_word", "uppercase", "first_letter", "trivial_arithmetic"]
@@ -120,6 +122,19 @@ MAKERS = {
 }
 
 
+def _answer_rule(kind: str, question: str, answer: str) -> dict:
+    """Answer-check fields (dataengine.verifiers.answer): reply-with-word questions and "just the
+    city name" want the answer alone; the uppercase kind is about case."""
+    rule: dict = {}
+    if kind == "reply_word" or "just the" in question:
+        rule["answer_match"] = "only"
+    if kind == "uppercase":
+        rule["answer_case_sensitive"] = True
+    if answer in ALIASES:
+        rule["answer_aliases"] = ALIASES[answer]
+    return rule
+
+
 def draft(rng: random.Random) -> Draft:
     """One question answered without tools."""
     kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
@@ -128,7 +143,7 @@ def draft(rng: random.Random) -> Draft:
         question=question,
         key=question,
         gold=Gold(answer=answer, calls=[], needs_tool=False),
-        metadata={"difficulty": 0, "n_steps": 0, "kind": kind, "answer_rel_tol": 0.0},
+        metadata={"difficulty": 0, "n_steps": 0, "kind": kind, "answer_rel_tol": 0.0, **_answer_rule(kind, question, answer)},
     )
 
 

@@ -388,6 +388,8 @@ def _question(rng: random.Random, db: dict, kind: str) -> tuple[str, list[ToolCa
 
 QUESTION_KINDS = ("order_status", "order_total", "product_stock", "order_count", "latest_status")
 CHANGE_KINDS = ("cancel", "cancel_latest", "cancel_unless_shipped", "change_address", "restock", "place_order")
+# Words a numeric answer may carry ("12.5 dollars", "$12.5" needs none; metadata["answer_units"]).
+ANSWER_UNITS = {"order_total": ["dollars", "USD"], "product_stock": ["units"], "order_count": ["orders"]}
 
 
 def draft(rng: random.Random) -> Draft:
@@ -411,6 +413,8 @@ def draft(rng: random.Random) -> Draft:
     }
     if reply:
         metadata["gold_reply"] = reply
+    if kind in ANSWER_UNITS:
+        metadata["answer_units"] = ANSWER_UNITS[kind]
     return Draft(
         question=question,
         key=f"{stable_hash(db)}:{question}",

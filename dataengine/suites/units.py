@@ -4,6 +4,7 @@ volume and time.
 The tool rounds its result to 6 significant digits and the gold answer is that number as text.
 Answers are judged with a relative tolerance of 1e-3 (metadata["answer_rel_tol"]): copying the
 tool's value, or rounding it to 4 significant digits, passes; a mental estimate usually does not.
+The answer is the number alone or followed by the target unit (metadata["answer_units"]).
 Volumes use US customary units (gallon, quart, cup, fluid ounce).
 """
 
@@ -64,6 +65,15 @@ NAMES = {
     "us_quart": ("US quart", "US quarts"), "us_gallon": ("US gallon", "US gallons"),
     "second": ("second", "seconds"), "minute": ("minute", "minutes"), "hour": ("hour", "hours"),
     "day": ("day", "days"), "week": ("week", "weeks"),
+}  # fmt: skip
+# Short forms accepted after a numeric answer, besides the names above (metadata["answer_units"]).
+SYMBOLS = {
+    "millimeter": ["mm"], "centimeter": ["cm"], "meter": ["m"], "kilometer": ["km"], "inch": ["in"],
+    "foot": ["ft"], "yard": ["yd"], "mile": ["mi"], "milligram": ["mg"], "gram": ["g"], "kilogram": ["kg"],
+    "tonne": ["t", "tonnes"], "ounce": ["oz"], "pound": ["lb", "lbs"], "celsius": ["°C", "C"],
+    "fahrenheit": ["°F", "F"], "kelvin": ["K"], "milliliter": ["ml"], "liter": ["l"],
+    "us_fluid_ounce": ["fl oz", "fluid ounces"], "us_cup": ["cups"], "us_quart": ["qt", "quarts"],
+    "us_gallon": ["gal", "gallons"], "second": ["s"], "minute": ["min"], "hour": ["h"], "day": ["d"], "week": ["wk"],
 }  # fmt: skip
 # Results outside this range make awkward questions ("how many miles in 3 mm"); redrawn.
 RESULT_RANGE = (0.01, 1e7)
@@ -172,6 +182,7 @@ def draft(rng: random.Random) -> Draft:
             "template": template,
             "dimension": dim,
             "answer_rel_tol": 1e-3,
+            "answer_units": [*NAMES[to_unit], *SYMBOLS[to_unit]],
         },
     )
 
