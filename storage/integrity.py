@@ -152,11 +152,38 @@ def _decode_error(path: Path) -> str | None:
     """None when Polars decodes the whole file, else the first line of its error."""
     try:
         pl.scan_parquet(path).collect()
-    except BaseException as exc:  # noqa: BLE001 - Polars panics on some damage (PanicException)
+    except BaseException as exc:  # Polars panics on some damage (PanicException)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return None
+
+
+def _file_problem(store: Any, path: Path, row: dict[str, Any], record: FileRecord | None, full: bool,
+                  verified: dict[str, Stamp]) -> tuple[str | None, str]:
+    """(kind, detail) of what is wrong with one data file, or (None, ""); adds the file's
+    stamp to `verified` when its hash was checked and matched."""
+    try:
+        stamp = Stamp.of(path)
+    except FileNotFoundError:
+        return "missing", "is missing"
+    logged = row.get("size_bytes")
+    if logged is not None and stamp.size != logged:
+        return "size", f"is truncated or damaged: {stamp.size} bytes, the Delta log records {logged}"
+    if record is None:
+        if not full and _age_s(row.get("modification_time")) <= store.record_grace_s:
+            return None, ""
+        if full and (error := _decode_error(path)) is not None:
+            return "unreadable", f"cannot be decoded: {error}"
+        return "unrecorded", ("has no recorded checksum (written before checksums were recorded, by another tool, "
+                              "or by a writer killed right after its commit)")
+    if full or not record.verified_since(stamp):
+        if record.size != stamp.size or sha256_file(path) != record.sha256:
+            return "checksum", "does not match the sha256 recorded when it was written (damaged on disk)"
+        verified[row["path"]] = stamp
+    if full and (error := _decode_error(path)) is not None:
+        return "unreadable", f"matches its checksum but cannot be decoded: {error}"
+    return None, ""
 
 
 def verify_files(store: Any, table: str, files, *, full: bool) -> list[FileProblem]:
@@ -170,35 +197,9 @@ def verify_files(store: Any, table: str, files, *, full: bool) -> list[FileProbl
         record = records.get(rel)
         keys = record.keys if record is not None else stats_keys(row)
         key_rows = record.rows if record is not None else (row.get("num_records"),) * len(keys)
-
-        def problem(kind: str, detail: str) -> None:
+        kind, detail = _file_problem(store, path, row, record, full, verified)
+        if kind is not None:
             problems.append(FileProblem(table, rel, path, kind, detail, keys, row.get("num_records"), key_rows))
-
-        try:
-            stamp = Stamp.of(path)
-        except FileNotFoundError:
-            problem("missing", "is missing")
-            continue
-        logged = row.get("size_bytes")
-        if logged is not None and stamp.size != logged:
-            problem("size", f"is truncated or damaged: {stamp.size} bytes, the Delta log records {logged}")
-            continue
-        if record is None:
-            if full or _age_s(row.get("modification_time")) > store.record_grace_s:
-                error = _decode_error(path) if full else None
-                if error is not None:
-                    problem("unreadable", f"cannot be decoded: {error}")
-                else:
-                    problem("unrecorded", "has no recorded checksum (written before checksums were recorded, by "
-                            "another tool, or by a writer killed right after its commit)")
-            continue
-        if full or not record.verified_since(stamp):
-            if record.size != stamp.size or sha256_file(path) != record.sha256:
-                problem("checksum", "does not match the sha256 recorded when it was written (damaged on disk)")
-                continue
-            verified[rel] = stamp
-        if full and (error := _decode_error(path)) is not None:
-            problem("unreadable", f"matches its checksum but cannot be decoded: {error}")
     store.manifest.mark_verified(table, verified)
     return problems
 

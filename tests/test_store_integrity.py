@@ -15,12 +15,11 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-import storage.integrity as integrity
 from dataengine.cli import app
 from dataengine.derive import DeriveOptions, derive
 from dataengine.search.run import ShardOutput, write_shard
 from dataengine.types import Message, Task, ToolSpec
-from storage import CorruptFileError, Store, StoreError
+from storage import CorruptFileError, Store, StoreError, integrity
 from storage.queries import success_rate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +83,7 @@ def write_in_child(root: Path, index: int, kill_before: str = "") -> int:
     rows_file = root.parent / f"shard-{index}.json"
     rows_file.write_text(json.dumps({"shard_id": out.shard_id, "tasks": out.tasks, "nodes": out.nodes,
                                      "trajectories": out.trajectories}))
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(root), RUN, str(rows_file), kill_before],
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(root), RUN, str(rows_file), kill_before], check=False,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode in (0, -signal.SIGKILL), proc.stderr
@@ -253,7 +252,7 @@ def test_compacted_files_keep_checksums_and_repair_drops_all_their_shards(tmp_pa
     for index in range(3):
         write_shard(store, shard_output(index), RUN)
     store.compact("nodes")
-    (rel, record), = [(p, r) for p, r in store.manifest.records("nodes").items() if r.source == "compact"]
+    (record,) = [r for p, r in store.manifest.records("nodes").items() if r.source == "compact"]
     assert sorted(record.keys) == [(RUN, f"shard-{i}") for i in range(3)]
     # Rewriting one shard after compaction records the rewritten files with their own keys.
     write_shard(store, shard_output(1), RUN)

@@ -179,7 +179,7 @@ def derive(
             hint = (f"; {len(pending)} shard(s) of them were written without their tasks commit marker "
                     f"(e.g. run {pending[0][0]!r} shard {pending[0][1]!r}): rerun the generate run to complete them"
                     if pending else "")
-            raise ValueError(f"run(s) {', '.join(missing)} have no committed nodes or trajectories in {store.root}; "
+            raise ValueError(f"run(s) {', '.join(missing)} have no nodes or trajectories in committed shards of {store.root}; "
                              f"runs there: {', '.join(sorted(present)) or 'none'}{hint}")
     results = []
     for kind in kinds:
