@@ -67,7 +67,10 @@ class ToolEnvironment:
             return STEP_BUDGET_ERROR
         from dataengine.parsing import render_tool_calls
 
-        call = ToolCall(name=name, arguments=dict(arguments))
+        try:
+            call = ToolCall(name=name, arguments=dict(arguments))
+        except ValueError as exc:  # NaN, over-deep or oversized arguments from the model
+            return f"error: invalid arguments for {name}: {str(exc).splitlines()[-1].strip()}"
         outcome = self._tool_env.step(self._state, Action(text=render_tool_calls([call]), tool_calls=[call]))
         self._state = outcome.state
         return "\n".join(m.content for m in outcome.observations)
