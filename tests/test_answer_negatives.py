@@ -131,7 +131,8 @@ def test_contains_is_opt_in_and_refused_for_one_word_or_number_golds():
         ({"answer_units": "miles"}, "answer_units"),
         ({"answer_aliases": [1]}, "answer_aliases"),
         ({"answer_case_sensitive": "yes"}, "answer_case_sensitive"),
-        ({"answer_rel_tol": "loose"}, "metadata"),
+        ({"answer_rel_tol": "loose"}, "answer_rel_tol"),
+        ({"answer_abs_tol": -1}, "answer_abs_tol"),
     ],
 )
 def test_bad_answer_metadata_is_a_clear_error(metadata, field):

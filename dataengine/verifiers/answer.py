@@ -99,6 +99,13 @@ def _strings(task: Task, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _number(task: Task, key: str, default: float) -> float:
+    value = task.metadata.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"task {task.id}: metadata[{key!r}] must be a number >= 0, got {value!r}")
+    return float(value)
+
+
 def answer_rule(task: Task, rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> AnswerRule:
     """The AnswerRule of `task` (its metadata over the given default tolerance); a bad field is a
     TypeError (wrong type) or ValueError naming the task and the field."""
@@ -106,18 +113,17 @@ def answer_rule(task: Task, rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> Ans
     case = meta.get("answer_case_sensitive", False)
     if not isinstance(case, bool):
         raise TypeError(f"task {task.id}: metadata['answer_case_sensitive'] must be true or false, got {case!r}")
-    units, aliases = _strings(task, "answer_units"), _strings(task, "answer_aliases")
-    try:
-        rule = AnswerRule(
-            match=meta.get("answer_match", "exact"),
-            case_sensitive=case,
-            units=units,
-            aliases=aliases,
-            rel_tol=float(meta.get("answer_rel_tol", rel_tol)),
-            abs_tol=float(meta.get("answer_abs_tol", abs_tol)),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"task {task.id}: metadata: {exc}") from None
+    match = meta.get("answer_match", "exact")
+    if match not in RULES:
+        raise ValueError(f"task {task.id}: metadata['answer_match'] must be one of {', '.join(RULES)}; got {match!r}")
+    rule = AnswerRule(
+        match=match,
+        case_sensitive=case,
+        units=_strings(task, "answer_units"),
+        aliases=_strings(task, "answer_aliases"),
+        rel_tol=_number(task, "answer_rel_tol", rel_tol),
+        abs_tol=_number(task, "answer_abs_tol", abs_tol),
+    )
     if rule.match == "contains":
         for gold in (task.gold.answer or "", *rule.aliases):
             g = normalize_answer(gold)
