@@ -255,6 +255,7 @@ class EngineConfig(Section):
     suites: list[str] = Field(default_factory=lambda: ["arithmetic"], description="suite names")
     num_tasks: int = Field(8, ge=1, description="tasks per suite (with task_file: at most this many)")
     task_file: str | None = Field(None, description="a .jsonl/.parquet task file to search instead of the suites")
+    levels: list[int] | None = Field(None, description="difficulty levels of the suites' tasks to search (None: all)")
     split: Literal["train", "heldout"] = Field("train", description="which split to search")
     shard_size: int = Field(4, ge=1, description="tasks per shard (unit of commit and retry)")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)

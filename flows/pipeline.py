@@ -2,9 +2,11 @@
 searching with the checkpoint the last round trained (rStar-style self-evolution).
 
 Run ids: `<run>/r0/eval` evaluates the starting model; round r writes its trees to `<run>/r<r>`
-(and derives its datasets into the same run), trains checkpoints `<out>/checkpoints/r<r>-<kind>`,
-and evaluates the last of them as `<run>/r<r>/eval`. Every step skips work already done (shards
-in the store, checkpoints on disk, evaluated shards), so rerunning a pipeline resumes it.
+(and derives its datasets into the same run), trains checkpoints `<out>/checkpoints/r<r>-<kind>`
+(each trainer from the last one's checkpoint), and evaluates the last of them as `<run>/r<r>/eval`.
+Finished stages are kept in `<out>/journal.json` and not run again, and inside a stage work
+already done is skipped (committed shards, checkpoints on disk), so a killed pipeline resumes at
+the stage it reached. A curriculum sets the task levels each round searches.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ class PipelineConfig(Section):
         default_factory=EngineConfig,
         description="every stage's settings: generate (method), search, policy, derive, train (per trainer), eval",
     )
+    curriculum: list[list[int]] = Field(
+        default_factory=list,
+        description="task levels searched per round, e.g. [[1], [1, 2], [1, 2, 3]] (the last entry repeats; "
+                    "empty: engine.levels every round)",
+    )
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
 
@@ -82,10 +89,54 @@ def success_table(evals: list[tuple[int, str, dict[str, tuple[float, float, floa
     return "\n".join(lines)
 
 
+class Journal:
+    """Finished stages of a pipeline, kept in `<out_dir>/journal.json` (stage key -> result), so
+    a killed pipeline resumes at the stage it reached without redoing finished ones. The file
+    names the config it belongs to: a changed config is refused, not silently mixed in."""
+
+    def __init__(self, path: Path, config: PipelineConfig) -> None:
+        import json
+
+        from dataengine.types import stable_hash
+
+        self.path = path
+        self.key = stable_hash(config.model_dump(mode="json", exclude={"runtime"}))
+        self.done: dict[str, Any] = {}
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved.get("config") != self.key:
+                raise ValueError(f"{path} belongs to another pipeline config; use another out_dir or run id, "
+                                 "or delete the journal to start over")
+            self.done = saved["stages"]
+
+    def run(self, key: str, work: Any) -> Any:
+        """The stored result of stage `key`, or `work()`'s, stored once it returns."""
+        import json
+
+        if key in self.done:
+            return self.done[key]
+        result = work()
+        self.done[key] = json.loads(json.dumps(result, default=str))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"config": self.key, "stages": self.done}, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+        return self.done[key]
+
+
+def round_levels(config: PipelineConfig, r: int) -> list[int] | None:
+    """The task levels round `r` (1-based) searches: curriculum[r-1], the last entry after the
+    list ends; None (every level) without a curriculum."""
+    if not config.curriculum:
+        return config.engine.levels
+    return list(config.curriculum[min(r, len(config.curriculum)) - 1])
+
+
 @flow(name="pipeline", flow_run_name="pipeline {config.run_id}", log_prints=False)
 def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
     """Rounds of generate -> derive -> export -> train -> evaluate (module docstring); returns
-    {run_id, store, rounds: [...], evals: [(round, model, {suite: greedy})], model, seconds}."""
+    {run_id, store, rounds: [...], evals: [(round, model, {suite: greedy})], model, seconds}.
+    Every stage's result goes to the journal in out_dir, so a rerun resumes where it stopped."""
     config = config or PipelineConfig()
     from storage import Store
 
@@ -94,21 +145,32 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
     engine = config.engine
     store = engine.store
     out = Path(config.out_dir)
+    journal = Journal(out / "journal.json", config)
     Store(store).record_run(config.run_id, kind="pipeline", config=config.model_dump(mode="json"), seed=engine.seed)
 
-    def evaluate(model: str, r: int) -> list[dict[str, Any]]:
-        return evaluate_flow.with_options(task_runner=make_task_runner(rt))(
-            config=with_model(engine, model), run_id=eval_run(config.run_id, r), runtime=rt)
+    def timed(work: Any) -> Any:
+        def run() -> dict[str, Any]:
+            began = time.perf_counter()
+            result = work()
+            return {"result": result, "seconds": time.perf_counter() - began}
+        return run
+
+    def evaluate(model: str, r: int) -> dict[str, Any]:
+        return journal.run(f"r{r}/evaluate", timed(lambda: evaluate_flow.with_options(task_runner=make_task_runner(rt))(
+            config=with_model(engine, model), run_id=eval_run(config.run_id, r), runtime=rt)))
 
     model = engine.policy.model
-    evals = [(0, model, greedy(evaluate(model, 0)))]
+    evals = [(0, model, greedy(evaluate(model, 0)["result"]))]
     rounds = []
     for r in range(1, config.rounds + 1):
         run = round_run(config.run_id, r)
-        gen = generate_flow.with_options(task_runner=make_task_runner(rt))(
-            config=with_model(engine, model, seed=engine.seed + r - 1), run_id=run, runtime=rt)
-        derived = derive_flow(store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=engine.derive)
-        exported = export_flow(store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run])
+        searched = with_model(engine, model, seed=engine.seed + r - 1).model_copy(update={"levels": round_levels(config, r)})
+        gen = journal.run(f"r{r}/generate", timed(lambda: generate_flow.with_options(task_runner=make_task_runner(rt))(
+            config=searched, run_id=run, runtime=rt)))
+        derived = journal.run(f"r{r}/derive", timed(lambda: derive_flow(
+            store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=engine.derive)))
+        exported = journal.run(f"r{r}/export", timed(lambda: export_flow(
+            store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run])))["result"]
         checkpoints = []
         for kind in config.trainers:
             data = exported.get(DATASET[kind][1], {})
@@ -117,19 +179,25 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
                 continue
             settings = engine.train.for_kind(kind).replace(init=model, out_dir=str(out / "checkpoints" / f"r{r}-{kind}"),
                                                            run_id=run)
-            info = TRAIN_FLOWS[kind](data=data["path"], config=settings, store=store,
-                                     accelerator_slots=rt.accelerator_slots)
+            trained = journal.run(f"r{r}/train-{kind}", timed(lambda: TRAIN_FLOWS[kind](
+                data=data["path"], config=settings, store=store, accelerator_slots=rt.accelerator_slots)))
+            info = trained["result"]
             moved = info["metrics"].get("weights_changed", True)
             checkpoints.append({**{k: info[k] for k in ("model_id", "parent_id", "path", "kind", "resumed")},
-                                "weights_changed": moved})
+                                "weights_changed": moved, "rows": data["rows"], "seconds": trained["seconds"],
+                                "metrics": {k: v for k, v in info["metrics"].items() if not isinstance(v, dict)}})
             if not moved:
                 get_run_logger().warning("round %d: %s did not change the weights; the next stage starts from %s",
                                          r, kind, model)
                 continue
             model = info["path"]
-        evals.append((r, model, greedy(evaluate(model, r))))
-        rounds.append({"round": r, "run_id": run, "generate": gen, "derived": derived, "exported": exported,
-                       "checkpoints": checkpoints})
+        evaluated = evaluate(model, r)
+        evals.append((r, model, greedy(evaluated["result"])))
+        rounds.append({"round": r, "run_id": run, "levels": searched.levels, "generate": gen["result"],
+                       "derived": derived["result"], "exported": exported, "checkpoints": checkpoints,
+                       "evaluate": evaluated["result"],
+                       "seconds": {"generate": gen["seconds"], "derive": derived["seconds"],
+                                   "evaluate": evaluated["seconds"]}})
     table = success_table(evals)
     create_markdown_artifact(
         key=artifact_key("pipeline", config.run_id),
@@ -137,7 +205,8 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
                  f"Greedy success on held-out tasks (95% Wilson interval):\n\n{table}",
     )
     return {"run_id": config.run_id, "store": store, "out_dir": str(out), "rounds": rounds, "evals": evals,
-            "model": model, "table": table, "seconds": time.perf_counter() - start}
+            "baseline": evaluate(engine.policy.model, 0)["result"], "model": model, "table": table,
+            "seconds": time.perf_counter() - start}
 
 
 def run_pipeline(config: PipelineConfig) -> dict[str, Any]:

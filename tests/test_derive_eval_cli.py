@@ -64,4 +64,5 @@ def test_eval_tiny_writes_evals(app, tmp_path):
                                    "--search-k", "2", "--store", str(tmp_path / "s"), "--device", "cpu"])
     assert out.exit_code == 0, out.output
     evals = Store(tmp_path / "s").evals().collect()
-    assert set(evals["metric"]) >= {"greedy_success", "pass@2", "search_success", "search_found", "axis/when"}
+    assert set(evals["metric"]) >= {"greedy_success", "pass@2", "search_success", "search_found",
+                                    "search_deployable_success", "axis/when"}

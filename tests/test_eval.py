@@ -171,3 +171,33 @@ def test_search_at_inference_with_gold_policy(env):
     report = evaluate(policy, env, tasks, EvalConfig(greedy=False), search=search_at_inference(policy, env, config))
     assert report.metric("search_success").value == 1.0
     assert report.metric("search_found").value == 1.0
+
+
+def test_deployable_search_never_sees_the_gold(env):
+    """The deployable search grows its tree against tasks without gold (GoldFreeReward never
+    reports a success) and only its returned episode is judged with the real gold."""
+    from dataengine.config import EngineConfig
+    from dataengine.evaluation.search import GoldFreeReward, search_at_inference, without_gold
+    from dataengine.verifiers import CompositeReward
+
+    tasks = generate_suite("arithmetic", n_train=0, n_heldout=2, seed=2)
+    policy = GoldOrWrong(tasks, wrong=[], flaky_samples=False)
+    config = EngineConfig(search={"num_simulations": 4, "num_actions": 2, "value": "zero", "trees_per_batch": 2})
+    seen = []
+
+    class Spy(CompositeReward):
+        def score(self, episode):
+            seen.append(episode.task.gold)
+            return super().score(episode)
+
+    guide = GoldFreeReward(Spy(replay=env.replay))
+    assert without_gold(tasks[0]).gold.answer is None and without_gold(tasks[0]).gold.calls == []
+    finder = search_at_inference(policy, env, config, reward=guide.inner, selection="deployable")
+    report = evaluate(policy, env, tasks, EvalConfig(greedy=False), reward=CompositeReward(replay=env.replay),
+                      deployable_search=finder)
+    # Gold play is still found without the gold guiding the search; the search's own scoring
+    # saw only gold-free tasks.
+    assert report.metric("search_deployable_success").value == 1.0
+    assert seen and all(g.answer is None and not g.calls for g in seen)
+    with pytest.raises(ValueError, match="selection"):
+        search_at_inference(policy, env, config, selection="peek")

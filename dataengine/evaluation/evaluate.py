@@ -6,8 +6,10 @@ Metrics (one `evals` row each, 95% intervals):
   the tasks where the axis applies (verifiers.axes; Wilson).
 - pass@k: unbiased estimator over n >= k sampled episodes per task (bootstrap over tasks);
   sample_success: mean success of single samples (pass@1 from the same samples).
-- search_success: the episode search returns at inference (see dataengine.evaluation.search);
-  search_found: some episode in the search tree succeeded (an upper bound: the tree's terminal
+- search_deployable_success: the episode a search without the gold returns (its tree is guided
+  by format, execution and efficiency only; dataengine.evaluation.search), judged with the gold;
+- search_success: the episode search returns at inference when its tree is guided by the
+  verifier reward (oracle-guided); search_found: some episode in that tree succeeded (an upper bound: the tree's terminal
   rewards come from the verifiers, which know the gold answer).
 Details of every row: settings, tokens and tool calls per solved task, per-task outcomes.
 """
@@ -122,9 +124,12 @@ def evaluate(
     *,
     reward: CompositeReward | None = None,
     search: SearchFn | None = None,
+    deployable_search: SearchFn | None = None,
     suite: str | None = None,
 ) -> EvalReport:
-    """Greedy, pass@k and (with `search`) search-at-inference metrics of `policy` on `tasks`."""
+    """Greedy, pass@k and search-at-inference metrics of `policy` on `tasks`: `search` (oracle
+    guided: search_success, search_found) and `deployable_search` (no gold in the search:
+    search_deployable_success), each when given."""
     config = config or EvalConfig()
     tasks = list(tasks)
     if not tasks:
@@ -174,6 +179,13 @@ def evaluate(
         flags = [by_task.get(t.id, False) for t in tasks]
         metrics.append(proportion("search_success", flags, {**cost_details(chosen), "per_task": by_task}))
         metrics.append(proportion("search_found", [f for _, f in found], {"oracle": "terminal rewards use the gold"}))
+    if deployable_search is not None:
+        found = deployable_search(tasks)
+        chosen = verify([r for r, _ in found if r is not None], reward, "eval-search-deployable")
+        outcomes += chosen
+        by_task = {o.rollout.task.id: o.success for o in chosen}
+        metrics.append(proportion("search_deployable_success", [by_task.get(t.id, False) for t in tasks],
+                                  {**cost_details(chosen), "per_task": by_task, "selection": "no gold in the search"}))
     return EvalReport(getattr(policy, "model_id", "model"), suite, split, metrics, outcomes,
                       time.perf_counter() - start)
 

@@ -61,11 +61,12 @@ def evaluate_suite(resources: Resources, suite: str, run_id: str, *, tasks: list
         return {"suite": suite, "model_id": policy.model_id, "skipped": True, "seconds": 0.0, "version": None,
                 "metrics": {r["metric"]: (r["value"], r["ci_low"], r["ci_high"]) for r in rows.iter_rows(named=True)},
                 "n": {r["metric"]: r["n"] for r in rows.iter_rows(named=True)}}
-    finder = None
+    finders = {}
     if config.eval.search:
-        finder = search_at_inference(policy, resources.env, search_config(config), reward=resources.reward,
-                                     seed=config.eval.seed)
-    report = evaluate(policy, resources.env, tasks, config.eval, reward=resources.reward, suite=suite, search=finder)
+        finders = {name: search_at_inference(policy, resources.env, search_config(config), reward=resources.reward,
+                                             seed=config.eval.seed, selection=selection)
+                   for name, selection in (("search", "oracle"), ("deployable_search", "deployable"))}
+    report = evaluate(policy, resources.env, tasks, config.eval, reward=resources.reward, suite=suite, **finders)
     version = write_report(store, report, run_id=run_id, config={"engine": config.model_dump(mode="json")})
     return {"suite": suite, "model_id": report.model_id, "skipped": False, "seconds": report.seconds,
             "version": version, "metrics": {m.metric: (m.value, m.ci_low, m.ci_high) for m in report.metrics},

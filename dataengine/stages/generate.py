@@ -155,11 +155,12 @@ def config_tasks(config: EngineConfig) -> list[Task]:
             raise ValueError(f"task file {config.task_file} holds no {config.split} tasks")
         return tasks[: config.num_tasks]
     tasks: list[Task] = []
+    levels = {"levels": list(config.levels)} if config.levels else {}
     for suite in config.suites:
         if config.split == "train":
-            tasks += generate_suite(suite, n_train=config.num_tasks, n_heldout=0, seed=config.seed)
+            tasks += generate_suite(suite, n_train=config.num_tasks, n_heldout=0, seed=config.seed, **levels)
         else:
-            tasks += generate_suite(suite, n_train=0, n_heldout=config.num_tasks, seed=config.seed)
+            tasks += generate_suite(suite, n_train=0, n_heldout=config.num_tasks, seed=config.seed, **levels)
     return tasks
 
 
