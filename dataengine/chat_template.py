@@ -10,8 +10,9 @@ conversation identically (and checkpoints save it):
 - then, with `tools`, worked example episodes as real chat turns (user, assistant call, tool
   response, assistant answer), picked by the tools offered (dataengine.suites.fewshot). They sit
   outside the generation markers, so no trainer learns on them;
-- assistant turns render their `content` verbatim (it holds the raw `<tool_call>` text); an
-  assistant turn with empty content and structured `tool_calls` renders them in the same form;
+- assistant turns render their `content` verbatim (it may hold the raw `<tool_call>` text);
+  structured `tool_calls` are rendered after it (a newline between) in the same form, unless
+  the content already holds `<tool_call>` markup;
 - tool turns render as `<|im_start|>tool\\n<tool_response>\\n...\\n</tool_response><|im_end|>`;
 - assistant content and its `<|im_end|>` sit inside `{% generation %}` markers, which is what
   TRL's `SFTConfig(assistant_only_loss=True)` needs.
@@ -136,7 +137,11 @@ _TEMPLATE = """\
 {%- generation -%}
 {%- if message.content -%}
 {{- message.content -}}
-{%- elif message.tool_calls -%}
+{%- endif -%}
+{%- if message.tool_calls and '<tool_call>' not in (message.content or '') -%}
+{%- if message.content -%}
+{{- '\\n' -}}
+{%- endif -%}
 {%- for call in message.tool_calls -%}
 {%- set call = call.function if call.function is defined else call -%}
 {%- set arguments = call.arguments if call.arguments is string else (call.arguments | tojson) -%}

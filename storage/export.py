@@ -1,26 +1,34 @@
-"""Exports of the derived tables in the dataset formats TRL reads.
+"""Exports of the derived tables as TRL datasets that load anywhere, written atomically.
 
-| export | source table | row format (TRL 1.16)                                              |
-|--------|--------------|--------------------------------------------------------------------|
-| pairs  | pairs        | {"prompt": [msg], "chosen": [msg], "rejected": [msg], "tools": str} |
-| sft    | sft          | {"messages": [msg], "tools": str}                                   |
-| replay | replay       | {"prompt": [msg], "tools": str, "task_id": str, "task_json": str}   |
+Rows are in the formats of storage.formats (pairs: preference, sft: conversational language
+modeling, replay: prompt-only), with structured `tool_calls`, tool turns and the tool list as
+JSON schemas, so `tokenizer.apply_chat_template(row[...], tools=row["tools"])` of any
+tool-aware chat template renders them.
 
-A message is {"role", "content"} plus "name" when any message of the export names a tool
-(then null on the other turns); assistant
-content is the raw model text including `<tool_call>...</tool_call>`. `tools` is the JSON
-string of the OpenAI-form tool list: TRL's DPOTrainer and SFTTrainer `json.loads` a string
-`tools` column, and a JSON string avoids Arrow unifying heterogeneous JSON schemas.
+Formats (`out` is the path written):
+- `parquet`: one file; the lineage record is in its key-value metadata (`dataengine.lineage`),
+  next to the `datasets` features (`huggingface`).
+- `jsonl`, `hf`: a dataset folder: `README.md` (a dataset card whose YAML front matter holds
+  the data files, the features and the lineage record under `dataengine.lineage`) and
+  `data/train-00000-of-00001.jsonl` or `.parquet`. `datasets.load_dataset(folder)` reads it.
 
-Formats: `parquet` (one file), `jsonl` (one JSON object per line), `hf` (datasets
-`save_to_disk` folder). Each export writes a lineage record (the source table versions, the
-filters and the dedup counts) next to it: `<out>.lineage.json` for files, `<out>/lineage.json`
-for `hf`; `reexport` rebuilds the same rows from it through Delta time travel.
+Atomic: a file is written under a hidden temporary name in the same folder and renamed over
+`out` (`os.replace`); a folder is built under a hidden temporary name, the old folder renamed
+aside and the new one into place. A killed export leaves the old export as it was and at most
+a hidden `.<name>.*.tmp` entry, which `datasets` and the trainers skip.
+
+The lineage record (source table versions, filters, dedup settings and counts) rebuilds the
+same rows through Delta time travel: `reexport(store, out, new_out)`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,16 +36,26 @@ from typing import Any, Literal
 import polars as pl
 
 from storage.dedup import DedupReport, dedup_frame
+from storage.formats import (
+    DatasetKind,
+    chat_messages,
+    chat_tools,
+    dataset_kind,
+    decoded_row,
+    features,
+    polars_schema,
+    to_json_text,
+    with_text_arguments,
+)
 from storage.schemas import SCHEMA_VERSION
 from storage.store import Store
 
-Kind = Literal["pairs", "sft", "replay"]
 Format = Literal["parquet", "jsonl", "hf"]
 KINDS: tuple[str, ...] = ("pairs", "sft", "replay")
 FORMATS: tuple[str, ...] = ("parquet", "jsonl", "hf")
-
-MESSAGE = pl.Struct({"role": pl.String, "content": pl.String, "name": pl.String})
-MESSAGES = pl.List(MESSAGE)
+LINEAGE_KEY = "dataengine.lineage"
+CARD = "README.md"
+DATA_FILE = {"jsonl": "data/train-00000-of-00001.jsonl", "hf": "data/train-00000-of-00001.parquet"}
 
 
 @dataclass
@@ -112,109 +130,90 @@ class ExportResult:
         return asdict(self)
 
 
-def _messages(value: str | None, what: str, row_id: str) -> list[dict[str, Any]]:
-    """A message list JSON as TRL message dicts; a clear error naming the row otherwise."""
-    if value is None:
-        raise ValueError(f"row {row_id}: {what} is null")
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"row {row_id}: {what} is not JSON: {exc}") from exc
-    if not isinstance(parsed, list) or not all(isinstance(m, dict) and m.get("role") for m in parsed):
-        raise ValueError(f"row {row_id}: {what} must be a JSON list of message dicts, each with a role")
-    return parsed
+def _normalised_key(messages: list[dict[str, Any]]) -> str:
+    """Exact-dedup key of messages (arguments as text): role, whitespace-collapsed content,
+    name and calls, as JSON."""
+    return json.dumps([{**m, "content": " ".join(m["content"].split())} for m in messages],
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _decode_messages(source: pl.DataFrame, column: str, id_column: str) -> pl.Series:
-    """`column` (JSON message lists) decoded to `MESSAGES`, vectorised.
+def _plain_text(messages: list[dict[str, Any]]) -> str:
+    """"role: content" lines, calls written as name(arguments): the near-dedup embedding input."""
+    lines = []
+    for m in messages:
+        calls = " ".join(f"{c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", []))
+        lines.append(f"{m['role']}: {m['content']} {calls}".rstrip())
+    return "\n".join(lines)
 
-    Content null becomes "". A row that is null, not JSON, not a list of messages, or has a
-    message without a role raises ValueError naming the row and the column.
-    """
-    try:
-        decoded = source.select(pl.col(column).str.json_decode(MESSAGES)).to_series()
-    except pl.exceptions.PolarsError:
-        # Find the bad row with the plain parser, which names it.
-        for value, row_id in zip(source[column], source[id_column]):
-            _messages(value, column, row_id)
-        raise
-    bad = source.select(
-        pl.col(id_column),
-        bad=decoded.is_null() | decoded.list.eval(pl.element().struct.field("role").is_null()).list.any(),
-    ).filter("bad")
-    if bad.height:
-        row_id = bad[id_column][0]
-        _messages(source.filter(pl.col(id_column) == row_id)[column][0], column, row_id)
-        raise ValueError(f"row {row_id}: {column} must be a JSON list of message dicts, each with a role")
-    return decoded.list.eval(
-        pl.struct(
-            pl.element().struct.field("role"),
-            pl.element().struct.field("content").fill_null(""),
-            pl.element().struct.field("name"),
-        )
-    ).cast(MESSAGES)
+
+def _by_value(values: list[Any], ids: list[Any], convert: Callable[[Any, Any], Any]) -> tuple[list[Any], Any]:
+    """`convert(value, row_id)` of each distinct value (rows share prompts and tool lists) and
+    the Arrow indices that spread them back over the rows."""
+    import pyarrow as pa
+
+    index: dict[Any, int] = {}
+    distinct: list[Any] = []
+    positions = []
+    for value, row_id in zip(values, ids):
+        i = index.get(value)
+        if i is None:
+            i = index[value] = len(distinct)
+            distinct.append(convert(value, row_id))
+        positions.append(i)
+    return distinct, pa.array(positions, type=pa.int64())
 
 
 def build_rows(kind: str, source: pl.DataFrame, *, include_logprobs: bool = False) -> pl.DataFrame:
-    """TRL rows from collected rows of the source table (see the module table for columns)."""
-    tools = source["tools_json"].fill_null("[]").alias("tools") if "tools_json" in source.columns else None
-    if kind == "pairs":
-        frame = pl.DataFrame([
-            _decode_messages(source, "prompt_json", "pair_id").alias("prompt"),
-            _decode_messages(source, "chosen_json", "pair_id").alias("chosen"),
-            _decode_messages(source, "rejected_json", "pair_id").alias("rejected"),
-            tools,
-        ])
-        if include_logprobs:
-            # TRL's DPOTrainer uses these columns as the reference log-probs when present.
-            frame = frame.with_columns(
-                ref_chosen_logps=source["chosen_logprob"], ref_rejected_logps=source["rejected_logprob"]
-            )
-        return frame
-    if kind == "sft":
-        return pl.DataFrame([_decode_messages(source, "messages_json", "example_id").alias("messages"), tools])
-    if kind == "replay":
-        return pl.DataFrame([
-            _decode_messages(source, "prompt_json", "prompt_id").alias("prompt"),
-            tools,
-            source["task_id"],
-            source["task_json"],
-        ])
-    raise ValueError(f"unknown export {kind!r}; choose from {', '.join(KINDS)}")
+    """TRL rows (storage.formats; JSON leaves as text) of collected source-table rows, plus the
+    dedup helper columns `_key_<column>`, `_text` and `_group`.
 
+    A message list that is null, not JSON, or holds a bad message raises DatasetFormatError
+    (a ValueError) naming the row id and the column.
+    """
+    import pyarrow as pa
 
-MESSAGE_COLUMNS = {"pairs": ("prompt", "chosen", "rejected"), "sft": ("messages",), "replay": ("prompt",)}
+    spec = dataset_kind(kind)
+    names = list(spec.columns)
+    if include_logprobs and spec.name == "pairs":
+        names += ["ref_chosen_logps", "ref_rejected_logps"]
+    types = pl.DataFrame(schema=polars_schema(spec, names)).to_arrow().schema
+    ids = source[spec.id_column].to_list()
+    text = pa.large_string()
+    arrays: dict[str, Any] = {}
 
+    def messages(value: str | None, row_id: Any, column: str) -> tuple[list[dict[str, Any]], str, str]:
+        if value is None:
+            raise ValueError(f"row {row_id}: {column} is null")
+        converted = with_text_arguments(chat_messages(value, f"row {row_id}: {column}"))
+        return converted, _normalised_key(converted), _plain_text(converted)
 
-def _normalised(column: str) -> pl.Expr:
-    """Messages with whitespace-collapsed content: the exact-dedup form (see dedup.normalise_messages)."""
-    return pl.col(column).list.eval(
-        pl.struct(
-            pl.element().struct.field("role"),
-            pl.element().struct.field("content").str.replace_all(r"\s+", " ").str.strip_chars(),
-            pl.element().struct.field("name"),
-        )
+    for column, stored in zip(spec.message_columns, spec.store_message_columns):
+        distinct, take = _by_value(source[stored].to_list(), ids, lambda v, i, c=stored: messages(v, i, c))
+        arrays[column] = pa.array([d[0] for d in distinct], type=types.field(column).type).take(take)
+        arrays[f"_key_{column}"] = pa.array([d[1] for d in distinct], type=text).take(take)
+        arrays[f"_text_{column}"] = pa.array([d[2] for d in distinct], type=text).take(take)
+    distinct, take = _by_value(
+        source["tools_json"].to_list(), ids,
+        lambda v, i: [to_json_text(t) for t in chat_tools(v, f"row {i}: tools_json")],
     )
-
-
-def _text(column: str) -> pl.Expr:
-    """Plain "role: content" lines of a message column (see dedup.messages_text)."""
-    element = pl.element().struct
-    return pl.col(column).list.eval(pl.concat_str(element.field("role"), pl.lit(": "), element.field("content"))).list.join("\n")
-
-
-def _dedup_columns(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
-    """Add `_key_*` columns (exact dedup), `_text` (embedding input) and `_group` (near dedup)."""
-    keys = [_normalised(c).alias(f"_key_{c}") for c in MESSAGE_COLUMNS[kind]]
-    if kind == "replay":
-        keys.append(pl.col("task_id").alias("_key_task"))
-    if kind == "pairs":
-        text = pl.concat_str(_text("chosen"), pl.lit("\n---\n"), _text("rejected"))
+    arrays["tools"] = pa.array(distinct, type=types.field("tools").type).take(take)
+    rows = pl.from_arrow(pa.table(arrays))
+    extra = {"replay": ("task_id", "task_json")}.get(spec.name, ())
+    rows = rows.with_columns(source.select(*extra))
+    if include_logprobs and spec.name == "pairs":
+        # TRL's DPOTrainer uses these columns as the reference log-probs when present.
+        rows = rows.with_columns(ref_chosen_logps=source["chosen_logprob"].cast(pl.Float64),
+                                 ref_rejected_logps=source["rejected_logprob"].cast(pl.Float64))
+    if spec.name == "pairs":
+        helper = [pl.concat_str("_text_chosen", pl.lit("\n---\n"), "_text_rejected").alias("_text"),
+                  pl.col("_key_prompt").alias("_group")]  # near duplicates only among pairs with the same prompt
     else:
-        text = _text(MESSAGE_COLUMNS[kind][0])
-    # Near duplicates are only looked for among rows with the same prompt (pairs, replay) or task.
-    group = _normalised("prompt").hash() if kind == "pairs" else pl.lit(0) if kind == "replay" else None
-    return rows.with_columns(*keys, _text=text, **({"_group": group} if group is not None else {}))
+        group = pl.lit(source["task_id"]) if spec.name == "sft" else pl.lit("")
+        helper = [pl.col(f"_text_{spec.message_columns[0]}").alias("_text"), group.alias("_group")]
+    if spec.name == "replay":
+        helper.append(pl.col("task_id").alias("_key_task"))
+    keys = [f"_key_{c}" for c in spec.message_columns]
+    return rows.select(*names, *keys, *helper)
 
 
 def export_frame(
@@ -228,73 +227,184 @@ def export_frame(
     embedder: str = "ngram",
     include_logprobs: bool = False,
 ) -> tuple[pl.DataFrame, DedupReport, dict[str, int]]:
-    """The TRL rows of an export, its dedup report and the source table versions read.
+    """The TRL rows of an export (JSON leaves as text; storage.formats), its dedup report and
+    the source table versions read ({table: version}, plus the commit marker table's version
+    when shards of the table declare one).
 
-    dedup: "exact" drops rows equal after normalisation; "near" also drops rows whose
-    embedding is at cosine >= near_threshold to a kept row with the same prompt (pairs) or
-    task (sft, replay). Near dedup is off by default: tool arguments that differ by one digit
-    embed almost identically but are different actions.
+    dedup: "exact" drops rows equal after normalisation (whitespace-collapsed content, same
+    calls); "near" also drops rows whose embedding is at cosine >= near_threshold to a kept
+    row with the same prompt (pairs) or task (sft). Near dedup is off by default: tool
+    arguments that differ by one digit embed almost identically but are different actions.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown export {kind!r}; choose from {', '.join(KINDS)}")
+    spec = _kind(kind)
     if dedup not in ("none", "exact", "near"):
         raise ValueError(f"dedup must be none, exact or near, not {dedup!r}")
     filters = filters or ExportFilters()
-    version = (versions or {}).get(kind, store.version(kind))
-    source = filters.apply(store.read(kind, version=version), kind).collect()
-    rows = build_rows(kind, source, include_logprobs=include_logprobs)
-    if kind == "sft":
-        rows = rows.with_columns(_group=source["task_id"])
-    rows = _dedup_columns(kind, rows)
+    versions = versions or {}
+    used = {spec.table: versions.get(spec.table, store.version(spec.table))}
+    # Committed shards only: a shard declared with a commit marker table (the store's
+    # convention: tasks) whose marker has no rows of it is left out. The marker's version is
+    # lineage too, so a rebuild judges the same shards committed.
+    marker_version = None
+    for marker in sorted(store.manifest.declared(spec.table)):
+        if store.has_table(marker):
+            marker_version = used[marker] = versions.get(marker, store.version(marker))
+    source = store.committed(spec.table, used[spec.table], marker_version=marker_version)
+    source = filters.apply(source, spec.name).collect()
+    rows = build_rows(spec.name, source, include_logprobs=include_logprobs)
     helper = [c for c in rows.columns if c.startswith("_")]
     rows, report = dedup_frame(
         rows,
         key=[c for c in helper if c.startswith("_key_")],
         text="_text",
-        group="_group" if "_group" in rows.columns else None,
+        group="_group",
         exact=dedup != "none",
         near_threshold=near_threshold if dedup == "near" else None,
         embedder=embedder,
     )
-    return _drop_empty_names(rows.drop(helper)), report, {kind: version}
+    return rows.drop(helper), report, used
 
 
-def _drop_empty_names(rows: pl.DataFrame) -> pl.DataFrame:
-    """Drop the message field "name" when no message has one, so templates never see name=None."""
-    columns = [c for c, t in rows.schema.items() if t == MESSAGES]
-    if any(rows[c].explode().struct.field("name").drop_nulls().len() for c in columns):
-        return rows
-    plain = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
-    return rows.with_columns(
-        pl.col(c).list.eval(pl.struct(pl.element().struct.field("role"), pl.element().struct.field("content"))).cast(plain)
-        for c in columns
+def _kind(kind: str) -> DatasetKind:
+    try:
+        return dataset_kind(kind)
+    except ValueError:
+        raise ValueError(f"unknown export {kind!r}; choose from {', '.join(KINDS)}") from None
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+
+def to_arrow(rows: pl.DataFrame, kind: str) -> Any:
+    """The rows as a pyarrow Table typed by the kind's `datasets` features (JSON leaves as
+    Arrow JSON values; the features are in the schema metadata)."""
+    from datasets.table import table_cast
+
+    return table_cast(rows.to_arrow(), features(kind, rows.columns).arrow_schema)
+
+
+def _write_parquet(table: Any, path: Path, lineage_text: str) -> None:
+    import pyarrow.parquet as pq
+
+    metadata = {**(table.schema.metadata or {}), LINEAGE_KEY.encode(): lineage_text.encode()}
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+
+
+def _write_jsonl(rows: pl.DataFrame, kind: str, path: Path) -> None:
+    tools: dict[tuple[str, ...], str] = {}  # rows share tool lists: decode and encode each once
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows.iter_rows(named=True):
+            key = tuple(row.pop("tools"))
+            if key not in tools:
+                tools[key] = to_json_text(chat_tools(list(key), "tools"))
+            line = to_json_text(decoded_row(row, kind))
+            handle.write(f'{line[:-1]}, "tools": {tools[key]}}}\n')
+
+
+def _card(kind: str, fmt: str, rows: int, data_file: Path, lineage: dict[str, Any], feats: Any) -> str:
+    """README.md of a dataset folder: YAML front matter (data files, features, lineage) and text."""
+    import yaml
+
+    spec = dataset_kind(kind)
+    meta = {
+        "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": DATA_FILE[fmt]}]}],
+        "dataset_info": {
+            "features": feats._to_yaml_list(),
+            "splits": [{"name": "train", "num_bytes": data_file.stat().st_size, "num_examples": rows}],
+        },
+        "tags": ["trl"],
+        "dataengine": {"lineage": lineage},
+    }
+    versions = ", ".join(f"`{t}` version {v}" for t, v in lineage.get("source_versions", {}).items())
+    return (
+        "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n\n"
+        f"# dataengine `{spec.name}` export\n\n"
+        f"{rows} rows of a TRL {spec.trl_type} dataset ({spec.trainer}), exported from {versions}.\n\n"
+        f"Columns: {', '.join(feats)}. Messages carry structured `tool_calls`; `tools` is the list of\n"
+        "JSON schemas to pass as `apply_chat_template(..., tools=row[\"tools\"])`.\n\n"
+        "Load with `datasets.load_dataset(\"<this folder>\", split=\"train\")`. The lineage record\n"
+        "(`dataengine.lineage` above) rebuilds these rows: `dataengine store reexport <this folder> --out NEW`.\n"
     )
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _hidden_temp(out: Path, suffix: str) -> Path:
+    return out.parent / f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{suffix}"
+
+
+def _replace_file(out: Path, write: Callable[[Path], None]) -> None:
+    """Write through `write(tmp)` to a hidden file beside `out`, then rename it over `out`."""
+    tmp = _hidden_temp(out, ".tmp")
+    try:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, out)
+        _fsync(out.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _replace_folder(out: Path, build: Callable[[Path], None]) -> None:
+    """Build a folder through `build(tmp)` under a hidden name beside `out`, then swap it in:
+    the old folder is renamed aside, the new one to `out`, and the old one removed."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    old = None
+    try:
+        build(tmp)
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                _fsync(path)
+        if out.exists():
+            old = _hidden_temp(out, ".old")
+            os.rename(out, old)
+        os.rename(tmp, out)
+        _fsync(out.parent)
+    except BaseException:
+        if old is not None and not out.exists():
+            os.rename(old, out)
+            old = None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def write_rows(rows: pl.DataFrame, out: str | Path, fmt: str, lineage: dict[str, Any]) -> Path:
-    """Write TRL rows as parquet, jsonl or an HF datasets folder, with the lineage record."""
+    """Write TRL rows of `lineage["kind"]` to `out` atomically with their lineage (module doc)."""
     out = Path(out)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    if out.exists() and out.is_dir() and fmt != "hf":
-        raise ValueError(f"{out} is a folder; {fmt} exports write one file")
+    if fmt == "parquet" and out.is_dir():
+        raise ValueError(f"{out} is a folder; parquet exports write one file")
+    if fmt != "parquet" and out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; {fmt} exports write a dataset folder (README.md and data/)")
+    kind = lineage["kind"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(lineage, indent=2, sort_keys=True)
+    text = json.dumps(lineage, sort_keys=True)
     if fmt == "parquet":
-        import pyarrow.parquet as pq
+        table = to_arrow(rows, kind)
+        _replace_file(out, lambda tmp: _write_parquet(table, tmp, text))
+        return out
 
-        table = rows.to_arrow()
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"dataengine.lineage": text.encode()})
-        pq.write_table(table, out)
-        Path(f"{out}.lineage.json").write_text(text)
-    elif fmt == "jsonl":
-        rows.write_ndjson(out)
-        Path(f"{out}.lineage.json").write_text(text)
-    else:
-        import datasets
+    def build(folder: Path) -> None:
+        data = folder / DATA_FILE[fmt]
+        data.parent.mkdir(parents=True)
+        if fmt == "hf":
+            _write_parquet(to_arrow(rows, kind), data, text)
+        else:
+            _write_jsonl(rows, kind, data)
+        card = _card(kind, fmt, rows.height, data, lineage, features(kind, rows.columns))
+        (folder / CARD).write_text(card, encoding="utf-8")
 
-        datasets.Dataset.from_polars(rows).save_to_disk(str(out))
-        (out / "lineage.json").write_text(text)
+    _replace_folder(out, build)
     return out
 
 
@@ -316,13 +426,16 @@ def export(
 
     record_run_id: also append a `runs` row (kind "export") with the lineage.
     """
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; choose from {', '.join(FORMATS)}")
+    spec = _kind(kind)
     filters = filters or ExportFilters()
     rows, report, source_versions = export_frame(
-        store, kind, filters=filters, versions=versions, dedup=dedup,
+        store, spec.name, filters=filters, versions=versions, dedup=dedup,
         near_threshold=near_threshold, embedder=embedder, include_logprobs=include_logprobs,
     )
     result = ExportResult(
-        kind=kind,
+        kind=spec.name,
         format=format,
         path=str(out),
         rows=rows.height,
@@ -339,23 +452,56 @@ def export(
 
 
 def lineage_path(out: str | Path, fmt: str) -> Path:
-    return Path(out) / "lineage.json" if fmt == "hf" else Path(f"{out}.lineage.json")
+    """Where an export's lineage record is: the parquet file itself, or the folder's README.md."""
+    return Path(out) if fmt == "parquet" else Path(out) / CARD
 
 
-def reexport(store: Store, lineage_file: str | Path, out: str | Path, *, format: str | None = None) -> ExportResult:
-    """Rebuild an export exactly from its lineage record (same table versions, filters, dedup)."""
-    path = Path(lineage_file)
+def read_lineage(path: str | Path) -> dict[str, Any] | None:
+    """The lineage record of an export (a parquet file, a dataset folder or its README.md, or a
+    JSON file holding the record); None when the file carries none. ValueError when unreadable."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CARD
+        if not path.is_file():
+            return None
     try:
-        lineage = json.loads(path.read_text())
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            raw = (pq.read_schema(path).metadata or {}).get(LINEAGE_KEY.encode())
+            return None if raw is None else json.loads(raw)
+        if path.suffix == ".md":
+            from huggingface_hub.repocard import metadata_load
+
+            meta = metadata_load(path) or {}
+            return (meta.get("dataengine") or {}).get("lineage")
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"lineage of {path} is unreadable: {exc}") from exc
+    except Exception as exc:  # pyarrow and yaml raise their own types for broken files
+        raise ValueError(f"lineage of {path} is unreadable: {exc}") from exc
+    raise ValueError(f"{path}: not an export (expected a .parquet file, a dataset folder, README.md or .json)")
+
+
+def reexport(store: Store, lineage_source: str | Path, out: str | Path, *, format: str | None = None) -> ExportResult:
+    """Rebuild an export exactly from its lineage record (same table versions, filters, dedup).
+
+    lineage_source: the old export (parquet file or dataset folder), its README.md, or a JSON
+    lineage record.
+    """
+    lineage = read_lineage(lineage_source)
+    try:
         settings = lineage["dedup_settings"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"lineage file {path} is unreadable: {exc}") from exc
+        filters = ExportFilters(**lineage["filters"])
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"{lineage_source} holds no usable lineage record ({exc})") from exc
     return export(
         store,
         lineage["kind"],
         out,
         format=format or lineage["format"],
-        filters=ExportFilters(**lineage["filters"]),
+        filters=filters,
         versions=lineage["source_versions"],
         dedup=settings["dedup"],
         near_threshold=settings["near_threshold"],
@@ -364,13 +510,10 @@ def reexport(store: Store, lineage_file: str | Path, out: str | Path, *, format:
     )
 
 
-def load_exported(path: str | Path, fmt: str = "parquet"):
+def load_exported(path: str | Path, fmt: str = "parquet", *, cache_dir: str | None = None):
     """The export as a datasets.Dataset, loaded the way a TRL user loads it."""
     import datasets
 
     if fmt == "parquet":
-        return datasets.load_dataset("parquet", data_files=str(path), split="train")
-    if fmt == "jsonl":
-        return datasets.load_dataset("json", data_files=str(path), split="train")
-    return datasets.load_from_disk(str(path))
-
+        return datasets.load_dataset("parquet", data_files=str(path), split="train", cache_dir=cache_dir)
+    return datasets.load_dataset(str(path), split="train", cache_dir=cache_dir)

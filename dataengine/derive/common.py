@@ -28,6 +28,21 @@ def encode_messages(expr: pl.Expr) -> pl.Expr:
     return pl.concat_str(pl.lit("["), expr.list.eval(element).list.join(","), pl.lit("]"))
 
 
+def with_parsed_calls(messages_json: str | None) -> str | None:
+    """A stored message list (JSON) whose assistant turns all carry `tool_calls`: turns without
+    the key (cut and re-joined by the Polars expressions here, or one action's raw text) get
+    the calls dataengine.parsing reads in their raw text, so exports can give structured calls."""
+    from dataengine.parsing import parse_action
+
+    if messages_json is None:
+        return None
+    messages = json.loads(messages_json)
+    missing = [m for m in messages if m.get("role") == "assistant" and "tool_calls" not in m]
+    for m in missing:
+        m["tool_calls"] = [c.model_dump(mode="json") for c in parse_action(m.get("content") or "").tool_calls]
+    return json.dumps(messages, ensure_ascii=False) if missing else messages_json
+
+
 def assistant_message_json(text: pl.Expr) -> pl.Expr:
     """`[{"role": "assistant", "content": text}]` as a JSON string (one chosen/rejected action)."""
     message = pl.struct(role=pl.lit("assistant"), content=text.fill_null(""))
