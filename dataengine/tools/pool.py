@@ -41,8 +41,11 @@ STARTUP_TIMEOUT_S = 120.0
 LOAD_TIMEOUT_S = 120.0
 # A pool that cannot start this many workers in a row is broken: raise instead of looping.
 MAX_START_FAILURES = 3
-# How often the memory watchdog samples a busy worker's process group (first after this long).
+# How often the memory watchdog samples a busy worker's process group (first after this long);
+# never more often than WATCH_COST_RATIO times the last sample's cost, so it stays cheap on
+# hosts with many processes.
 WATCH_INTERVAL_S = 0.05
+WATCH_COST_RATIO = 20
 # Seconds between refreshes of a worker's idle memory (its baseline grows with tool states).
 BASELINE_REFRESH_S = 1.0
 MIB = 1024 * 1024
@@ -108,6 +111,7 @@ class Sandbox:
         self._start_failures = 0
         self._started = 0
         self._info: dict[str, Any] = {}
+        self._scan_seconds = 0.0  # the last process-table scan of the watchdog
         self._workers = [self._new_worker() for _ in range(workers)]
 
     @classmethod
@@ -188,11 +192,8 @@ class Sandbox:
             self._closed = True
             for w in self._workers:
                 w.kill()
-            if self.cgroup and self.cgroup.get("created"):
-                try:
-                    os.rmdir(self.cgroup["parent"])
-                except OSError:
-                    pass
+            if self.cgroup:
+                _remove_cgroup(self.cgroup["parent"])
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -216,7 +217,7 @@ class Sandbox:
             _make_worker_cgroup(group)
         setup = Setup(self.limits, self.preload, self.modules, tempfile.mkdtemp(prefix="dataengine-sandbox-"),
                       self.read_paths, self.namespaces, group)
-        return _Worker(self._ctx, setup)
+        return _Worker(self._ctx, setup, watchdog=not self.cgroup)
 
     def _run(self, items: list[CallItem], results: list[Any]) -> None:
         pending = deque(range(len(items)))
@@ -224,7 +225,7 @@ class Sandbox:
             for w in list(self._workers):
                 if pending and w.ready and w.job is None:
                     i = pending.popleft()
-                    sent = w.send(i, items[i], watchdog=not self.cgroup)
+                    sent = w.send(i, items[i])
                     if sent == "unsendable":
                         results[i] = _failed(items[i], "bad_arguments", w.send_error or "", 0.0)
                     elif sent == "dead":
@@ -250,7 +251,10 @@ class Sandbox:
                 if w.deadline <= now and (w.job is not None or not w.ready):
                     self._expire(w, items, results)
                 elif w.job is not None and w.next_check <= now:
-                    tree = process_tree() if tree is None else tree
+                    if tree is None:
+                        scan_start = time.monotonic()
+                        tree = process_tree()
+                        self._scan_seconds = time.monotonic() - scan_start
                     self._watch(w, tree, items, results)
 
     def _receive(self, w: "_Worker", items: list[CallItem], results: list[Any]) -> None:
@@ -264,21 +268,21 @@ class Sandbox:
             w.ready, w.pid, w.deadline = True, msg[1], math.inf
             self._info = msg[2]
             self._start_failures = 0
-            if not self.cgroup:
-                w.measure_baseline()
+            w.measure_baseline()
         elif kind == "no_namespaces":
             # Entered but could not build the view: every later worker starts without namespaces.
             _NAMESPACES_BROKEN.append(msg[1])
             self.namespaces = False
             self._replace(w)
         elif kind == "loading":
-            # A first-time toolbox import does not count against the call's timeout.
+            # A first-time toolbox import counts against neither the call's timeout nor its memory.
             w.loading = True
             w.deadline = time.monotonic() + LOAD_TIMEOUT_S
+            w.next_check = math.inf
         elif kind == "loaded":
             w.loading = False
             w.deadline = time.monotonic() + self.limits.timeout_s
-            w.next_check = time.monotonic() + WATCH_INTERVAL_S
+            w.set_memory_limit(refresh=True)
         elif kind == "result" and w.job is not None:
             _, status, output_json, error, state_json, seconds, dirty = msg
             i = w.job
@@ -333,9 +337,11 @@ class Sandbox:
 
     def _watch(self, w: "_Worker", tree: dict[int, list[int]], items: list[CallItem], results: list[Any]) -> None:
         """Memory watchdog: kill the worker when its whole process group is over the limit."""
+        start = time.monotonic()
         used = w.group_memory(tree)
         if used <= w.memory_limit:
-            w.next_check = time.monotonic() + WATCH_INTERVAL_S
+            now = time.monotonic()
+            w.next_check = now + max(WATCH_INTERVAL_S, WATCH_COST_RATIO * (now - start + self._scan_seconds))
             return
         i = w.job
         message = (f"the tool and the processes it started used {(used - w.baseline) / MIB:.0f} MiB together, "
@@ -391,11 +397,12 @@ class _WorkerProcess(mp.context.ForkServerProcess):
 class _Worker:
     """Parent-side handle of one worker process."""
 
-    def __init__(self, ctx: Any, setup: Setup) -> None:
+    def __init__(self, ctx: Any, setup: Setup, watchdog: bool) -> None:
         from dataengine.tools.worker import main
 
         self.setup = setup
         self.limits = setup.limits
+        self.watchdog = watchdog  # no cgroup: the pool samples the group's memory
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = _WorkerProcess(target=main, args=(child, setup), daemon=True, name="dataengine-sandbox")
         self.process.start()
@@ -410,18 +417,15 @@ class _Worker:
         self.retired = False  # replaced in the pool; its handle may still sit in a local list
         self.loading = False  # importing a toolbox for the current call
         self.dirty: str | None = None  # why it was replaced after a call
-        self.baseline = 0  # bytes: the group's memory when idle
-        self.runner_rss = 0  # bytes: the runner's resident size when `baseline` was taken
+        self.baseline = 0  # bytes: the group's memory when idle (watchdog)
+        self.runner_rss = 0  # bytes: the runner's resident size when `baseline` was last updated
         self.rss_checked = 0.0
         self.memory_limit = math.inf
 
-    def send(self, index: int, item: CallItem, watchdog: bool) -> str:
+    def send(self, index: int, item: CallItem) -> str:
         """"sent", "unsendable" (arguments or state cannot be pickled) or "dead" (pipe closed)."""
         toolbox, call, state = item
-        if self.setup.cgroup:
-            _set_cgroup_limit(self.setup.cgroup, self.limits.memory_mb)
-        elif watchdog:
-            self._update_limit()
+        self.set_memory_limit(refresh=False)
         try:
             self.conn.send(("call", toolbox, call.name, call.arguments, state))
         except (BrokenPipeError, ConnectionResetError):
@@ -432,24 +436,32 @@ class _Worker:
         self.job = index
         self.sent_at = time.monotonic()
         self.deadline = self.sent_at + self.limits.timeout_s
-        self.next_check = self.sent_at + WATCH_INTERVAL_S if watchdog else math.inf
+        self.next_check = self.sent_at + WATCH_INTERVAL_S if self.watchdog else math.inf
         return "sent"
 
     def measure_baseline(self) -> None:
-        self.baseline = self.group_memory(process_tree())
-        self.runner_rss = _rss(self.pid)
-        self.rss_checked = time.monotonic()
+        if self.watchdog:
+            self.baseline = self.group_memory(process_tree())
+            self.runner_rss = _rss(self.pid)
+            self.rss_checked = time.monotonic()
 
-    def _update_limit(self) -> None:
-        # The runner grows with the tool states it has held; count that growth as baseline.
+    def set_memory_limit(self, refresh: bool) -> None:
+        """Allow memory_mb above what the worker holds now (refresh: re-read it at once)."""
+        if self.setup.cgroup:
+            _set_cgroup_limit(self.setup.cgroup, self.limits.memory_mb)
+            return
+        if not self.watchdog:
+            return
         now = time.monotonic()
-        growth = 0
-        if now - self.rss_checked > BASELINE_REFRESH_S:
+        if refresh or now - self.rss_checked > BASELINE_REFRESH_S:
+            # The runner grows with imports and the tool states it has held: that is baseline.
             self.rss_checked = now
-            growth = max(0, _rss(self.pid) - self.runner_rss)
-            self.baseline += growth
-            self.runner_rss += growth
+            rss = _rss(self.pid)
+            self.baseline += max(0, rss - self.runner_rss)
+            self.runner_rss = max(rss, self.runner_rss)
         self.memory_limit = self.baseline + self.limits.memory_mb * MIB
+        if refresh and self.job is not None:
+            self.next_check = now + WATCH_INTERVAL_S
 
     def group_memory(self, tree: dict[int, list[int]]) -> int:
         """Bytes used by the worker and all its descendants (PSS: shared pages split, not repeated)."""
@@ -517,42 +529,39 @@ def _pss(pid: int) -> int:
 
 
 def _memory_cgroup(choice: str | None) -> dict[str, Any] | None:
-    """{"parent": folder for the workers' groups, "created": whether we made it} or None.
+    """{"parent": the folder holding the workers' groups (created here)} or None.
 
-    "auto": this process's own cgroup v2 group when the memory controller is delegated to its
-    children (or it is the root group, where it can be enabled); a folder: that group, which
-    must have memory in cgroup.subtree_control. None: no cgroup (the watchdog applies).
+    "auto": this process's own cgroup v2 group when the memory controller is already
+    delegated to its children (never enabled here: that would change the host's setup).
+    A folder: that cgroup v2 group, which must have memory in cgroup.subtree_control.
+    None: no cgroup (the pool's watchdog applies).
     """
     if choice is None:
         return None
-    if choice != "auto":
-        controls = os.path.join(choice, "cgroup.subtree_control")
-        if not _reads(controls).split().count("memory") or not os.access(choice, os.W_OK):
-            raise ValueError(f"cgroup {choice!r}: not a writable cgroup v2 folder with memory in cgroup.subtree_control")
-        parent = os.path.join(choice, f"dataengine-sandbox-{os.getpid()}-{id(object())}")
-        os.mkdir(parent)
-        _enable_memory(parent)
-        return {"parent": parent, "created": True}
-    mount = next((line.split(" - ")[0].split()[4] for line in _reads("/proc/self/mountinfo").splitlines()
-                  if " - cgroup2 " in line), None)
-    own = next((line[3:] for line in _reads("/proc/self/cgroup").splitlines() if line.startswith("0::")), None)
-    if mount is None or own is None:
-        return None
-    group = mount + own.rstrip("/")
-    if "memory" not in _reads(os.path.join(group, "cgroup.controllers")).split():
-        return None
-    parent = os.path.join(group, f"dataengine-sandbox-{os.getpid()}-{id(object())}")
-    try:
-        if own == "/":  # only the root group may hold processes and delegate controllers
-            _enable_memory(group)
-        if "memory" not in _reads(os.path.join(group, "cgroup.subtree_control")).split():
+    if choice == "auto":
+        mount = next((line.split(" - ")[0].split()[4] for line in _reads("/proc/self/mountinfo").splitlines()
+                      if " - cgroup2 " in line), None)
+        own = next((line[3:] for line in _reads("/proc/self/cgroup").splitlines() if line.startswith("0::")), None)
+        if mount is None or own is None:
             return None
+        group = mount + own.rstrip("/")
+    else:
+        group = choice
+    if "memory" not in _reads(os.path.join(group, "cgroup.subtree_control")).split() or not os.access(group, os.W_OK):
+        if choice == "auto":
+            return None
+        raise ValueError(f"cgroup {choice!r}: not a writable cgroup v2 folder with memory in cgroup.subtree_control")
+    parent = os.path.join(group, f"dataengine-sandbox-{os.getpid()}-{id(object()):x}")
+    try:
         os.mkdir(parent)
-        _enable_memory(parent)
-    except OSError:
+        with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
+            f.write("+memory")
+    except OSError as exc:
         _remove_cgroup(parent)
-        return None
-    return {"parent": parent, "created": True}
+        if choice == "auto":
+            return None
+        raise ValueError(f"cgroup {choice!r}: cannot create a memory-limited group in it: {exc}") from exc
+    return {"parent": parent}
 
 
 def _reads(path: str) -> str:
@@ -561,12 +570,6 @@ def _reads(path: str) -> str:
             return f.read()
     except OSError:
         return ""
-
-
-def _enable_memory(group: str) -> None:
-    if "memory" not in _reads(os.path.join(group, "cgroup.subtree_control")).split():
-        with open(os.path.join(group, "cgroup.subtree_control"), "w") as f:
-            f.write("+memory")
 
 
 def _make_worker_cgroup(group: str) -> None:

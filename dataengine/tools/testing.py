@@ -148,15 +148,16 @@ def raw_connect(host: str, port: int) -> str:
         s.close()
 
 
-def spawn_and_hang(seconds: float) -> None:
+def spawn_and_hang(seconds: float, detach: bool = False) -> None:
     """Start a child process `sleep <seconds>`, then hang.
 
     Args:
         seconds: The child's sleep (a distinctive value lets a test find it).
+        detach: Start the child in a new session, out of the worker's process group.
     """
     import subprocess
 
-    subprocess.Popen(["sleep", str(seconds)])
+    subprocess.Popen(["sleep", str(seconds)], start_new_session=detach)
     time.sleep(60)
 
 
@@ -358,6 +359,15 @@ def fork_and_segfault() -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def getenv(variable: str) -> str | None:
+    """Return an environment variable of the worker (None when unset).
+
+    Args:
+        variable: The variable's name.
+    """
+    return os.environ.get(variable)
+
+
 def signal_pid(pid: int, sig: int) -> str:
     """Send a signal to a process id (0 only checks that it may be signalled).
 
@@ -373,7 +383,7 @@ TOOLS = [
     add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
     not_json, lucky_number, connect, network_interfaces, raw_connect, spawn_and_hang, warn, whoami, nap, imported, shout, push, pop, push_then_fail,
     hog_children, fill_file, read_file, write_file, spin_thread, tamper_limits, tamper_json, spawn_detached,
-    fork_and_segfault, signal_pid,
+    fork_and_segfault, getenv, signal_pid,
 ]
 
 TOOLBOX = register_toolbox(
