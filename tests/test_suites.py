@@ -142,7 +142,7 @@ def test_bad_sizes():
 def test_metadata_and_tools():
     for name in NAMES:
         task = generate_suite(name, 1, 0, seed=0)[0]
-        assert {"difficulty", "n_steps", "seed"} <= set(task.metadata)
+        assert {"level", "difficulty", "n_steps", "seed"} <= set(task.metadata)
         if name != "chains":
             assert [s.name for s in task.tools] == list(get_toolbox(name).tools)
 

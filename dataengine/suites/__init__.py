@@ -10,7 +10,7 @@ suite is used, so a sandbox worker that needs one toolbox does not build the oth
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from dataengine.suites.gold import gold_turns
@@ -38,15 +38,16 @@ def get_suite(name: str) -> Suite:
 
 
 class _Generators(Mapping[str, Callable[..., "list[Task]"]]):
-    """Suite name -> generator(n_train, n_heldout, seed=0), importing the suite on first use."""
+    """Suite name -> generator(n_train, n_heldout, seed=0, *, levels=None), importing the suite
+    on first use."""
 
     def __getitem__(self, name: str) -> Callable[..., list[Task]]:
         suite = get_suite(name)
 
-        def generator(n_train: int, n_heldout: int, seed: int = 0) -> list[Task]:
+        def generator(n_train: int, n_heldout: int, seed: int = 0, *, levels: Iterable[int] | None = None) -> list[Task]:
             from dataengine.suites.base import generate
 
-            return generate(suite, n_train, n_heldout, seed)
+            return generate(suite, n_train, n_heldout, seed, levels=levels)
 
         generator.__name__ = f"generate_{name}"
         return generator
@@ -66,9 +67,21 @@ def list_suites() -> list[str]:
     return list(SUITE_MODULES)
 
 
-def generate_suite(name: str, n_train: int, n_heldout: int, seed: int = 0) -> list[Task]:
-    """`n_train` train then `n_heldout` held-out tasks of suite `name`, deterministic in `seed`."""
-    return SUITES[name](n_train, n_heldout, seed)
+def generate_suite(
+    name: str, n_train: int, n_heldout: int, seed: int = 0, *, levels: Iterable[int] | None = None
+) -> list[Task]:
+    """`n_train` train then `n_heldout` held-out tasks of suite `name`, deterministic in `seed`.
+
+    Train and held-out never share a problem or a question text, whatever the sizes and seeds of
+    the calls that ask for them. levels: only tasks of these metadata["level"] values (None: all;
+    an unknown level is a ValueError), with the ids they have in the all-levels sequence.
+    """
+    return SUITES[name](n_train, n_heldout, seed, levels=levels)
+
+
+def suite_levels(name: str) -> tuple[int, ...]:
+    """The difficulty levels of suite `name`, easiest first (docs/suites.md says what they mean)."""
+    return get_suite(name).levels
 
 
 __all__ = [
@@ -81,4 +94,5 @@ __all__ = [
     "list_suites",
     "load_tasks",
     "save_tasks",
+    "suite_levels",
 ]

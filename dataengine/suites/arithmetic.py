@@ -4,6 +4,10 @@ Numbers are large enough (3-4 digit operands, products up to ~10^8) that a 135M 
 them in its head; each operation is one tool call whose output feeds the next. Every division
 in a gold solution is exact (the divisor is drawn among the divisors of the running value), and
 no intermediate value is negative, so the gold answer is an integer written as plain digits.
+
+Level (metadata["level"]) = number of operations = number of gold tool calls: 1, 2 or 3.
+Problem key: the expression with the operands of a leading + or * in ascending order
+("919 + 482" and "482 + 919" are one problem), so both orders land in the same split.
 """
 
 from __future__ import annotations
@@ -113,6 +117,14 @@ def _expression(first: int, steps: list[tuple[str, int]]) -> str:
     return text
 
 
+def _problem_key(first: int, steps: list[tuple[str, int]]) -> str:
+    """The expression with a leading commutative operation's operands sorted."""
+    op, x = steps[0]
+    if op in ("add", "multiply") and x < first:
+        first, steps = x, [(op, first), *steps[1:]]
+    return _expression(first, steps)
+
+
 def _phrase(rng: random.Random, first: int, steps: list[tuple[str, int]]) -> tuple[str, str]:
     """(template name, question text) in one of a few natural phrasings."""
     expr = _expression(first, steps)
@@ -156,9 +168,10 @@ def draft(rng: random.Random) -> Draft:
     template, question = _phrase(rng, first, steps)
     return Draft(
         question=question,
-        key=_expression(first, steps),
+        key=_problem_key(first, steps),
         gold=Gold(answer=format_number(value), calls=calls, needs_tool=True),
         metadata={
+            "level": n_ops,
             "difficulty": n_ops,
             "n_steps": n_ops,
             "template": template,

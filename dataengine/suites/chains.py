@@ -6,6 +6,10 @@ model knows them from pretraining: the only way to the answer is through the too
 entity to another (city -> country -> currency -> exchange rate); the tools form a networkx
 DiGraph with an edge u -> v when u's output kind is v's input kind, and a task is a random path
 in that graph from a named entity. Gold call i+1 takes the real output of gold call i.
+
+Level (metadata["level"]) = number of gold calls - 1: 1, 2 or 3 for paths of 2, 3 or 4 lookups.
+Problem key: "<start entity>|<tool>>...>"; both phrasings of a question spell out the start and
+every step, so equal questions have equal keys.
 """
 
 from __future__ import annotations
@@ -399,6 +403,7 @@ def draft(rng: random.Random) -> Draft:
         offered=tuple(name for name in FUNCTIONS if name in offered),
         gold=Gold(answer=answer, calls=calls, needs_tool=True),
         metadata={
+            "level": len(path) - MIN_CALLS + 1,
             "difficulty": len(path),
             "n_steps": len(path),
             "template": template,

@@ -11,8 +11,16 @@ short checkable answer (a word, a name or a number). Kinds:
                         calling a calculator for these is wasted steps, so they belong here;
                         multi-digit arithmetic lives in the arithmetic suite.
 The offered tools are the arithmetic suite's add/subtract/multiply/divide (toolbox "notool"), so a
-wrong call still executes. The same fact may appear in train and held-out in different wording;
-no question text appears in both.
+wrong call still executes.
+
+Problem key: the question text, within a split. The split is decided by what is asked
+(Draft.split_key): the country, the fact, the word and kind, or the operands with + and *
+operands sorted, so the same fact or sum never appears in both splits, in any wording.
+No task needs a tool call, so levels rank what the answer takes, by design (not measured):
+    1  the answer is in the question: reply_word, uppercase, first_letter
+    2  recall of common knowledge: capital, fact
+    3  single-digit arithmetic: the offered calculator fits the question, so declining it is
+       the hardest "when" decision of the suite
 """
 
 from __future__ import annotations
@@ -59,25 +67,26 @@ WORDS = ["apple", "river", "yes", "no", "hello", "thanks", "green", "blue", "pur
 WORDS = sorted(set(WORDS))
 KINDS = ["capital", "fact", "reply_word", "uppercase", "first_letter", "trivial_arithmetic"]
 KIND_WEIGHTS = [1, 1, 3, 2, 2, 3]
+LEVEL = {"reply_word": 1, "uppercase": 1, "first_letter": 1, "capital": 2, "fact": 2, "trivial_arithmetic": 3}
 
 
-def _capital(rng: random.Random) -> tuple[str, str]:
+def _capital(rng: random.Random) -> tuple[str, str, str]:
     country = rng.choice(sorted(CAPITALS))
     template = rng.choice([
         "What is the capital of {}?",
         "Name the capital city of {}.",
         "Which city is the capital of {}? Answer with just the city name.",
     ])  # fmt: skip
-    return template.format(country), CAPITALS[country]
+    return template.format(country), CAPITALS[country], country
 
 
-def _fact(rng: random.Random) -> tuple[str, str]:
+def _fact(rng: random.Random) -> tuple[str, str, str]:
     question, answer = rng.choice(FACTS)
     template = rng.choice(["{}", "Quick question: {}", "{} Please answer briefly."])
-    return template.format(question), answer
+    return template.format(question), answer, question
 
 
-def _reply_word(rng: random.Random) -> tuple[str, str]:
+def _reply_word(rng: random.Random) -> tuple[str, str, str]:
     word = rng.choice(WORDS + ["yes", "no", "ok", "hello", "thanks"])
     template = rng.choice([
         "Reply with the word {}.",
@@ -86,22 +95,22 @@ def _reply_word(rng: random.Random) -> tuple[str, str]:
         "Respond with exactly one word: {}.",
         "Hi! Just reply '{}' so I know you are there.",
     ])  # fmt: skip
-    return template.format(word), word
+    return template.format(word), word, word
 
 
-def _uppercase(rng: random.Random) -> tuple[str, str]:
+def _uppercase(rng: random.Random) -> tuple[str, str, str]:
     word = rng.choice(WORDS)
     template = rng.choice(["Write the word '{}' in capital letters.", "Convert '{}' to uppercase."])
-    return template.format(word), word.upper()
+    return template.format(word), word.upper(), word
 
 
-def _first_letter(rng: random.Random) -> tuple[str, str]:
+def _first_letter(rng: random.Random) -> tuple[str, str, str]:
     word = rng.choice(WORDS)
     template = rng.choice(["What is the first letter of the word '{}'?", "Which letter does the word '{}' start with?"])
-    return template.format(word), word[0]
+    return template.format(word), word[0], word
 
 
-def _trivial_arithmetic(rng: random.Random) -> tuple[str, str]:
+def _trivial_arithmetic(rng: random.Random) -> tuple[str, str, str]:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     op = rng.choice(["plus", "minus", "times"])
     if op == "minus" and b > a:
@@ -109,7 +118,8 @@ def _trivial_arithmetic(rng: random.Random) -> tuple[str, str]:
     value = {"plus": a + b, "minus": a - b, "times": a * b}[op]
     symbol = {"plus": "+", "minus": "-", "times": "*"}[op]
     template = rng.choice(["What is {a} {symbol} {b}?", "Quick one: what is {a} {op} {b}?"])
-    return template.format(a=a, b=b, op=op, symbol=symbol), str(value)
+    asked = f"{min(a, b)} {symbol} {max(a, b)}" if op != "minus" else f"{a} - {b}"
+    return template.format(a=a, b=b, op=op, symbol=symbol), str(value), asked
 
 
 MAKERS = {
@@ -138,12 +148,20 @@ def _answer_rule(kind: str, question: str, answer: str) -> dict:
 def draft(rng: random.Random) -> Draft:
     """One question answered without tools."""
     kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
-    question, answer = MAKERS[kind](rng)
+    question, answer, asked = MAKERS[kind](rng)
     return Draft(
         question=question,
         key=question,
+        split_key=f"{kind}:{asked}",
         gold=Gold(answer=answer, calls=[], needs_tool=False),
-        metadata={"difficulty": 0, "n_steps": 0, "kind": kind, "answer_rel_tol": 0.0, **_answer_rule(kind, question, answer)},
+        metadata={
+            "level": LEVEL[kind],
+            "difficulty": 0,
+            "n_steps": 0,
+            "kind": kind,
+            "answer_rel_tol": 0.0,
+            **_answer_rule(kind, question, answer),
+        },
     )
 
 

@@ -14,6 +14,10 @@ of initial_state (as tau-bench does), so a question task also fails if the agent
 database; change tasks have no gold answer (metadata["gold_reply"] is a confirmation text).
 "Cancel unless shipped" tasks on a shipped order have the status as answer and an unchanged state. Tools raise ShopError with a message the
 agent can act on (unknown id, order already shipped, not enough stock).
+
+Level (metadata["level"]) = number of gold calls: 1, 2 or 3.
+Problem key: database hash + question; the split is decided by the question text alone
+(Draft.split_key), so the same question asked of two databases stays in one split.
 """
 
 from __future__ import annotations
@@ -406,6 +410,7 @@ def draft(rng: random.Random) -> Draft:
         reply += f" The order id is {outputs[-1]['order_id']}."
     changes = end_state != db
     metadata: dict[str, Any] = {
+        "level": len(calls),
         "difficulty": len(calls),
         "n_steps": len(calls),
         "kind": kind,
@@ -418,6 +423,7 @@ def draft(rng: random.Random) -> Draft:
     return Draft(
         question=question,
         key=f"{stable_hash(db)}:{question}",
+        split_key=" ".join(question.split()),
         gold=Gold(
             answer=answer,
             calls=calls,

@@ -6,6 +6,11 @@ Answers are judged with a relative tolerance of 1e-3 (metadata["answer_rel_tol"]
 tool's value, or rounding it to 4 significant digits, passes; a mental estimate usually does not.
 The answer is the number alone or followed by the target unit (metadata["answer_units"]).
 Volumes use US customary units (gallon, quart, cup, fluid ounce).
+
+Every task needs one call; the level (metadata["level"], also "difficulty") is the kind of
+conversion: 1 within one system (metric to metric, US to US, or time), 2 between metric and US
+customary units, 3 temperature (an offset as well as a factor).
+Problem key: "<value> <from_unit> -> <to_unit>"; the question names exactly these.
 """
 
 from __future__ import annotations
@@ -177,6 +182,7 @@ def draft(rng: random.Random) -> Draft:
         key=f"{format_number(value)} {from_unit} -> {to_unit}",
         gold=Gold(answer=format_number(result), calls=[call], needs_tool=True),
         metadata={
+            "level": difficulty,
             "difficulty": difficulty,
             "n_steps": 1,
             "template": template,
