@@ -24,11 +24,11 @@ from dataengine.search import (
     TokenBudget,
     batch_rows,
     edge_priors,
-    make_reward,
     merge_samples,
     prior_logits,
     search_batch,
 )
+from dataengine.stages import make_reward
 from dataengine.suites import generate_suite
 from dataengine.tools.sandbox import Sandbox
 
