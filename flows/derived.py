@@ -83,11 +83,11 @@ def export_flow(
     include_logprobs: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Export the derived tables in TRL formats (pairs: preference, sft: messages, replay:
-    prompt-only) to `out_dir/<kind>.<format>`, each with its lineage; kinds None: all three;
-    run_ids None: every run."""
+    prompt-only) to `out_dir/<kind>.parquet` (a file) or `out_dir/<kind>` (jsonl, hf: a dataset
+    folder), each with its lineage; kinds None: all three; run_ids None: every run."""
     kinds = list(kinds or EXPORTS)
     run_ids = list(run_ids or [])
-    suffix = {"parquet": ".parquet", "jsonl": ".jsonl", "hf": ""}[format]
+    suffix = ".parquet" if format == "parquet" else ""
     futures = {k: export_task.submit(store, k, str(Path(out_dir) / f"{k}{suffix}"), format, list(run_ids) or None,
                                      include_logprobs and k == "pairs")
                for k in kinds}

@@ -117,15 +117,15 @@ def test_cli_export_and_reexport(store, tmp_path):
                             "chosen_json": '[{"role": "assistant", "content": "a"}]',
                             "rejected_json": '[{"role": "assistant", "content": "b"}]', "margin": 0.5}],
                  run_id="d", shard_id="0")
-    out = tmp_path / "pairs.jsonl"
+    out, data = tmp_path / "pairs", "data/train-00000-of-00001.jsonl"  # jsonl exports are dataset folders
     result = runner.invoke(app, ["export", "pairs", "--store", str(store.root), "--out", str(out), "--format", "jsonl",
                                  "--min-margin", "0.3", "--kind", "step"])
     assert result.exit_code == 0, result.output
     assert "wrote 1 pairs rows" in result.stdout and "removed 0 exact" in result.stdout
-    assert json.loads(out.read_text())["chosen"] == [{"role": "assistant", "content": "a"}]
-    result = runner.invoke(app, ["store", "reexport", f"{out}.lineage.json", "--out", str(tmp_path / "again.jsonl"),
+    assert json.loads((out / data).read_text())["chosen"] == [{"role": "assistant", "content": "a"}]
+    result = runner.invoke(app, ["store", "reexport", str(out), "--out", str(tmp_path / "again"),
                                  "--store", str(store.root)])
-    assert result.exit_code == 0 and (tmp_path / "again.jsonl").read_text() == out.read_text()
+    assert result.exit_code == 0 and (tmp_path / "again" / data).read_text() == (out / data).read_text()
 
 
 def test_cli_store_info_check_schema(store):

@@ -285,7 +285,7 @@ def register(app: typer.Typer) -> None:
 
     @store_app.command("reexport")
     def reexport_command(
-        lineage: Annotated[Path, typer.Argument(help="lineage.json written by an export.")],
+        lineage: Annotated[Path, typer.Argument(help="An export (parquet file or dataset folder) or its README.md: it holds the lineage.")],
         out: Annotated[Path, typer.Option("--out", help="Where to write the rebuilt export.")],
         store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
     ) -> None:
