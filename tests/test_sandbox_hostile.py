@@ -39,7 +39,7 @@ def sandbox():
 def _kernel_allows_namespaces() -> bool:
     flags = "0x10000000 | 0x20000 | 0x40000000 | 0x08000000 | 0x20000000"  # user, mount, net, IPC, PID
     code = f"import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare({flags}) != 0)"
-    return subprocess.run([sys.executable, "-c", code]).returncode == 0
+    return subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 def needs_namespaces(sb: Sandbox) -> None:
@@ -91,6 +91,21 @@ def check_group_memory_limit(sb: Sandbox) -> None:
     assert "processes it started" in result.error and "256 MiB" in result.error
     assert time.monotonic() - start < 3  # killed while the children held their memory
     assert sb.call(BOX, tc("add", a=1, b=2))[0].output == 3
+
+
+def test_memory_limit_by_cgroup_where_delegated():
+    folder = os.environ.get("DATAENGINE_TEST_CGROUP")
+    if not folder:
+        pytest.skip("set DATAENGINE_TEST_CGROUP to a cgroup v2 folder with the memory controller delegated")
+    with Sandbox(workers=1, timeout_s=8.0, memory_mb=256, cgroup=folder) as sb:
+        sb.wait_ready()
+        assert sb.isolation["memory"] == "cgroup"
+        check_group_memory_limit(sb)
+
+
+def test_cgroup_folder_without_memory_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="memory in cgroup.subtree_control"):
+        Sandbox(workers=1, cgroup=str(tmp_path))
 
 
 def test_group_under_the_limit_is_fine(sandbox):
@@ -221,6 +236,20 @@ def test_tools_write_only_to_their_scratch_folder(sandbox, tmp_path):
     assert sandbox.call(BOX, tc("read_file", path="/tmp/note.txt"))[0].status == "exception"
 
 
+def test_view_cannot_be_remounted_writable():
+    with Sandbox(workers=1) as sb:
+        needs_namespaces(sb)
+        sb.wait_ready()
+        before = sb.pids[0]
+        result, _ = sb.call(BOX, tc("remount_writable", path="/usr"))
+        assert result.status == "ok"
+        direct, nested, unmount = result.output
+        assert direct == "Operation not permitted"  # no capabilities left
+        assert nested == "Operation not permitted" and unmount == "Invalid argument"  # locked mounts
+        sb.wait_ready()
+        assert sb.pids != [before]  # the worker was left in other namespaces: replaced
+
+
 def test_secret_environment_variables_are_not_passed():
     # A fresh interpreter: workers inherit the environment their fork server started with.
     code = (
@@ -230,7 +259,7 @@ def test_secret_environment_variables_are_not_passed():
         "        print(sb.call('testing', ToolCall(name='getenv', arguments={'variable': name}))[0].output)\n"
     )
     env = {**os.environ, "HF_TOKEN": "hf_secret", "OPENAI_API_KEY": "sk-secret", "DATAENGINE_PLAIN": "visible"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["None", "None", "visible"], out.stderr[-2000:]
 
 

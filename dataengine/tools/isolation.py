@@ -96,9 +96,12 @@ def map_ids(uid: int, gid: int, inside: int = 1000) -> None:
         f.write(f"{inside} {gid} 1")
 
 
+def _bytes(text: str | None) -> bytes | None:
+    return text.encode() if text is not None else None
+
+
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+    _check(libc().mount(_bytes(source), _bytes(target), _bytes(fstype), flags, _bytes(data)), f"mount {target}")
 
 
 def umount(target: str) -> None:

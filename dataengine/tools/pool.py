@@ -26,8 +26,9 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing.connection import wait
-from typing import Any, Sequence
+from typing import Any
 
 import psutil
 
@@ -115,7 +116,7 @@ class Sandbox:
         self._workers = [self._new_worker() for _ in range(workers)]
 
     @classmethod
-    def from_config(cls, cfg: Any, preload: Sequence[str] = (), modules: Sequence[str] = ()) -> "Sandbox":
+    def from_config(cls, cfg: Any, preload: Sequence[str] = (), modules: Sequence[str] = ()) -> Sandbox:
         """A Sandbox from a dataengine.config.SandboxConfig (workers, timeout_s, memory_mb,
         cpu_s, max_output_bytes, scratch_mb)."""
         return cls(workers=cfg.workers, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, cpu_s=cfg.cpu_s,
@@ -195,10 +196,10 @@ class Sandbox:
             if self.cgroup:
                 _remove_cgroup(self.cgroup["parent"])
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -209,7 +210,7 @@ class Sandbox:
 
     # ----------------------------------------------------------------- scheduling
 
-    def _new_worker(self) -> "_Worker":
+    def _new_worker(self) -> _Worker:
         self._started += 1
         group = None
         if self.cgroup:
@@ -257,7 +258,7 @@ class Sandbox:
                         self._scan_seconds = time.monotonic() - scan_start
                     self._watch(w, tree, items, results)
 
-    def _receive(self, w: "_Worker", items: list[CallItem], results: list[Any]) -> None:
+    def _receive(self, w: _Worker, items: list[CallItem], results: list[Any]) -> None:
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
@@ -286,7 +287,7 @@ class Sandbox:
         elif kind == "result" and w.job is not None:
             _, status, output_json, error, state_json, seconds, dirty = msg
             i = w.job
-            toolbox, call, state = items[i]
+            _, call, state = items[i]
             output = json.loads(output_json) if output_json is not None else None
             new_state = json.loads(state_json) if state_json is not None else state
             results[i] = (
@@ -301,7 +302,7 @@ class Sandbox:
                 w.dirty = dirty or "out of memory"
                 self._replace(w)
 
-    def _died(self, w: "_Worker", items: list[CallItem], results: list[Any]) -> None:
+    def _died(self, w: _Worker, items: list[CallItem], results: list[Any]) -> None:
         code = w.reap()
         if w.job is None:
             self._start_failures += 1
@@ -312,12 +313,16 @@ class Sandbox:
                 )
         else:
             status, message = _death_status(code, self.limits)
+            if w.setup.cgroup and _oom_kills(w.setup.cgroup):
+                status, message = "memory", (
+                    f"the tool and the processes it started used more than {self.limits.memory_mb} MiB together "
+                    "(cgroup memory.max); the worker was killed and replaced")
             i = w.job
             results[i] = _failed(items[i], status, message, time.monotonic() - w.sent_at)
             w.job = None
         self._replace(w)
 
-    def _expire(self, w: "_Worker", items: list[CallItem], results: list[Any]) -> None:
+    def _expire(self, w: _Worker, items: list[CallItem], results: list[Any]) -> None:
         if w.job is None:
             w.kill()
             self._start_failures += 1
@@ -335,7 +340,7 @@ class Sandbox:
             w.job = None
         self._replace(w)
 
-    def _watch(self, w: "_Worker", tree: dict[int, list[int]], items: list[CallItem], results: list[Any]) -> None:
+    def _watch(self, w: _Worker, tree: dict[int, list[int]], items: list[CallItem], results: list[Any]) -> None:
         """Memory watchdog: kill the worker when its whole process group is over the limit."""
         start = time.monotonic()
         used = w.group_memory(tree)
@@ -358,7 +363,7 @@ class Sandbox:
                 if w.process.sentinel in dead:
                     self._replace(w)
 
-    def _replace(self, w: "_Worker") -> None:
+    def _replace(self, w: _Worker) -> None:
         w.kill()
         w.retired = True
         self._workers[self._workers.index(w)] = self._new_worker()
@@ -589,6 +594,13 @@ def _set_cgroup_limit(group: str, memory_mb: int) -> None:
         f.write(str(current + memory_mb * MIB))
 
 
+def _oom_kills(group: str) -> int:
+    for line in _reads(os.path.join(group, "memory.events")).splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
 def _remove_cgroup(group: str) -> None:
     for _ in range(50):
         try:
@@ -617,7 +629,7 @@ def _check_item(i: int, item: Any) -> CallItem:
 
 
 def _failed(item: CallItem, status: ToolStatus, message: str, seconds: float) -> tuple[ToolResult, Any]:
-    toolbox, call, state = item
+    _, call, state = item
     return ToolResult(call=call, status=status, error=message, seconds=seconds), state
 
 

@@ -282,8 +282,7 @@ def fill_file(path: str, megabytes: int) -> int:
     """
     chunk = b"\x00" * (1024 * 1024)
     with open(path, "wb") as f:
-        for _ in range(megabytes):
-            f.write(chunk)
+        f.writelines(chunk for _ in range(megabytes))
     return megabytes
 
 
@@ -359,6 +358,33 @@ def fork_and_segfault() -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def remount_writable(path: str) -> list:
+    """Try to make a read-only mount writable: directly, then from fresh user + mount
+    namespaces (where a process has every capability again). Returns the errors.
+
+    Args:
+        path: The mount point, e.g. "/usr".
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    remount_bind = 32 | 4096  # MS_REMOUNT | MS_BIND, without MS_RDONLY
+
+    def attempt() -> str:
+        if libc.mount(None, path.encode(), None, remount_bind, None) == 0:
+            return "remounted"
+        return os.strerror(ctypes.get_errno())
+
+    errors = [attempt()]
+    if libc.unshare(0x10000000 | 0x00020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+        return [*errors, "unshare: " + os.strerror(ctypes.get_errno())]
+    errors.append(attempt())
+    if libc.umount2(path.encode(), 2) == 0:  # MNT_DETACH: would reveal what is below
+        errors.append("unmounted")
+    else:
+        errors.append(os.strerror(ctypes.get_errno()))
+    return errors
+
+
 def getenv(variable: str) -> str | None:
     """Return an environment variable of the worker (None when unset).
 
@@ -383,7 +409,7 @@ TOOLS = [
     add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
     not_json, lucky_number, connect, network_interfaces, raw_connect, spawn_and_hang, warn, whoami, nap, imported, shout, push, pop, push_then_fail,
     hog_children, fill_file, read_file, write_file, spin_thread, tamper_limits, tamper_json, spawn_detached,
-    fork_and_segfault, getenv, signal_pid,
+    fork_and_segfault, getenv, signal_pid, remount_writable,
 ]
 
 TOOLBOX = register_toolbox(

@@ -19,6 +19,7 @@ result says so and the pool replaces the worker. Files in the scratch folder are
 
 from __future__ import annotations
 
+import _signal
 import builtins
 import importlib
 import json
@@ -35,7 +36,6 @@ import threading
 import time
 import traceback
 import zlib
-import _signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -52,9 +52,11 @@ WATCHED_MODULES = (builtins, os, sys, json, random, resource, signal, subprocess
 WATCHED_SIGNALS = (signal.SIGXCPU, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
 WATCHED_LIMITS = (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE,
                   resource.RLIMIT_STACK)
+NAMESPACE_LINKS = tuple(f"/proc/self/{n}" for n in ("root", "ns/user", "ns/mnt", "ns/net", "ns/ipc", "ns/uts",
+                                                     "ns/pid_for_children", "ns/cgroup"))
 # The worker's own references, so a tool that patches the modules cannot change how this call ends.
 _setrlimit, _getrlimit, _dumps, _perf_counter = resource.setrlimit, resource.getrlimit, json.dumps, time.perf_counter
-_dup2, _listdir, _chdir = os.dup2, os.listdir, os.chdir
+_dup2, _listdir, _chdir, _readlink = os.dup2, os.listdir, os.chdir, os.readlink
 _getsignal = _signal.getsignal  # the C function: signal.getsignal wraps it in slow enum lookups
 
 
@@ -343,7 +345,16 @@ def _fingerprint(copy: bool) -> dict[str, Any]:
         "resource limits": [_getrlimit(r) for r in WATCHED_LIMITS],
         "threads": [threading.active_count(), len(sys._current_frames())],
         "interpreter settings": [sys.gettrace(), sys.getprofile(), sys.getrecursionlimit()],
+        "namespaces or ids": _identity(),
     }
+
+
+def _identity() -> list[Any]:
+    """Namespaces, root folder and user/group ids of this process (a tool may unshare or chroot)."""
+    try:
+        return [*map(_readlink, NAMESPACE_LINKS), os.getresuid(), os.getresgid()]
+    except OSError as exc:
+        return [repr(exc)]
 
 
 def _left_behind(clean: dict[str, Any]) -> str | None:
