@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "derive_eval",
     "train",
     "flows",
+    "experiment",
 ]
 
 for _name in COMMAND_MODULES:

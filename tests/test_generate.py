@@ -188,3 +188,14 @@ def test_cli_rerun_with_other_rollouts_starts_a_new_run(tmp_path):
     assert "already committed" not in second.output
     runs = set(Store(out).runs().collect()["run_id"])
     assert len(runs) == 2
+
+
+def test_levels_select_tasks_and_change_the_run_id(tmp_path):
+    from dataengine.stages.generate import config_tasks
+
+    hard = config(tmp_path / "s", num_tasks=3, levels=[3])
+    assert [t.metadata["level"] for t in config_tasks(hard)] == [3, 3, 3]
+    assert default_run_id(hard, config_tasks(hard)) != default_run_id(config(tmp_path / "s", num_tasks=3), config_tasks(hard))
+    bad = CliRunner().invoke(app, ["generate", "--level", "7", "--model", "tiny", "--store", str(tmp_path / "s"),
+                                   "--no-progress"])
+    assert bad.exit_code == 2 and "unknown level 7" in bad.output

@@ -21,6 +21,7 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file (.yaml/.toml); flags override it.")] = None,
         method: Annotated[str | None, typer.Option("--method", help="mcts | best_of_n | greedy (config.generate.method).")] = None,
         split: Annotated[str | None, typer.Option("--split", help="train | heldout (config.split).")] = None,
+        level: Annotated[list[int] | None, typer.Option("--level", help="Difficulty level of the suites' tasks (repeat; config.levels; default all).")] = None,
         seed: Annotated[int | None, typer.Option("--seed", help="Seed of tasks, sampling and search (config.seed).")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id; a rerun with the same id skips committed shards. Default: a hash of config, method and tasks.")] = None,
         algorithm: Annotated[str | None, typer.Option("--algorithm", help="puct | uct | gumbel (config.search.algorithm).")] = None,
@@ -67,6 +68,7 @@ def register(app: typer.Typer) -> None:
                 num_tasks=tasks,
                 task_file=str(task_file) if task_file else None,
                 split=split,
+                levels=list(level) if level else None,
                 shard_size=shard_size,
                 policy__model=model,
                 policy__device=device,
@@ -100,7 +102,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             summary = generate(cfg, run_id=run_id, progress=progress)
-        except (TaskFileError, ValueError) as exc:
+        except (TaskFileError, ValueError, TypeError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=2) from None
         console = Console()

@@ -7,7 +7,6 @@ under the old rule; derive then builds pairs and SFT rows from the rescored run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -83,10 +82,8 @@ def rescore_shard(resources: Resources, run_id: str, shard_id: str, out_run_id: 
     finals = run_turns(resources.env, tasks, turns)
     rows = trajs.drop("run_id", "shard_id", "verdicts", "reward", "success").to_dicts()
     changed = 0
+    # run_turns marks an episode the search cut (max depth or budget) truncated, as it was scored.
     for row, state, before in zip(rows, finals, trajs.iter_rows(named=True)):
-        if not state.terminal:
-            # The search cut this episode (max depth or budget): score it as truncated, as it did.
-            state = dataclasses.replace(state, truncated=True)
         result = resources.reward.score(state.episode())
         row.update(reward=result.reward, success=result.success, verdicts=verdict_structs(result.verdicts))
         changed += int(result.success != before["success"] or abs(result.reward - (before["reward"] or 0.0)) > 1e-9)

@@ -1,0 +1,85 @@
+"""`dataengine experiment`: rounds of search -> derive -> SFT -> DPO -> GRPO -> held-out
+evaluation with SmolLM2 (the pipeline flow), written up as the per-round results table."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def _levels(text: str | None) -> list[list[int]] | None:
+    """'1;1,2;1,2,3' -> [[1], [1, 2], [1, 2, 3]]."""
+    if not text:
+        return None
+    try:
+        return [[int(x) for x in part.split(",") if x.strip()] for part in text.split(";")]
+    except ValueError:
+        raise typer.BadParameter(f"--curriculum takes levels per round like '1;1,2;1,2,3', got {text!r}") from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("experiment")
+    def experiment_command(
+        suite: Annotated[list[str], typer.Option("--suite", help="Suite to train and evaluate on (repeat).")] = ["arithmetic"],  # noqa: B006
+        out: Annotated[Path, typer.Option("--out", help="Folder of the store, datasets, checkpoints and results.")] = Path("runs/experiment"),
+        rounds: Annotated[int, typer.Option("--rounds", min=1, help="Search -> train -> evaluate rounds.")] = 3,
+        train_tasks: Annotated[int, typer.Option("--train-tasks", min=1, help="Train tasks searched per suite and round.")] = 32,
+        heldout_tasks: Annotated[int, typer.Option("--heldout-tasks", min=1, help="Held-out tasks per suite in each evaluation.")] = 100,
+        curriculum: Annotated[str | None, typer.Option("--curriculum", help="Task levels per round, e.g. '1;1,2;1,2,3' (last repeats).")] = None,
+        trainers: Annotated[str, typer.Option("--trainers", help="Chained trainers per round, in order.")] = "sft,dpo,grpo",
+        model: Annotated[str, typer.Option("--model", help="Starting model: 'smollm2', 'tiny' or a checkpoint folder.")] = "smollm2",
+        seed: Annotated[int, typer.Option("--seed", help="Seed of tasks, sampling and search.")] = 0,
+        config: Annotated[Path | None, typer.Option("--config", help="PipelineConfig file (YAML/TOML) with the rest; flags override it.")] = None,
+        set_: Annotated[list[str] | None, typer.Option("--set", help="Any setting as dotted=value, e.g. engine.search.num_simulations=8 (repeat).")] = None,
+    ) -> None:
+        """Run a self-improvement experiment and write results.md / results.json / success.png
+        (and the HTML report) under --out. A killed experiment resumes at the stage it reached."""
+        import yaml
+
+        from dataengine.config import ConfigError, read_mapping
+        from dataengine.experiment import experiment_config, write_results
+        from flows.pipeline import run_pipeline
+
+        overrides = {}
+        if config is not None:
+            try:
+                flat = _flatten(read_mapping(config))
+            except ConfigError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--config") from None
+            overrides.update(flat)
+        for item in set_ or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise typer.BadParameter(f"--set takes dotted.name=value, got {item!r}", param_hint="--set")
+            overrides[key.strip().replace(".", "__")] = yaml.safe_load(value)
+        try:
+            cfg = experiment_config(out=str(out), suites=list(suite), rounds=rounds, train_tasks=train_tasks,
+                                    heldout_tasks=heldout_tasks, model=model, curriculum=_levels(curriculum),
+                                    trainers=[t.strip() for t in trainers.split(",") if t.strip()], seed=seed,
+                                    overrides=overrides)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        result = run_pipeline(cfg)
+        command = "dataengine " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        written = write_results(result, out, command=command)
+        from dataengine.report import build_report
+        from storage import Store
+
+        report = build_report(Store(result["store"]), cfg.run_id, out / "report")
+        typer.echo(written["markdown"].read_text())
+        typer.echo(f"results: {written['markdown']} ({written['json'].name}, {written['plot'].name}); report: {report.html}")
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key not in ("weights", "extra", "generation_kwargs"):
+            out.update(_flatten(value, f"{prefix}{key}__"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

@@ -1,0 +1,79 @@
+"""`dataengine experiment` on the tiny model: the per-round results, and a kill -9 mid-run
+after which the rerun resumes at the stage it reached without redoing finished stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SIZES = ["--suite", "arithmetic", "--rounds", "1", "--train-tasks", "2", "--heldout-tasks", "2", "--model", "tiny",
+         "--trainers", "sft,dpo,grpo",
+         "--set", "engine.search.num_simulations=2", "--set", "engine.search.num_actions=2",
+         "--set", "engine.search.max_depth=2", "--set", "engine.search.value=zero",
+         "--set", "engine.policy.max_new_tokens=6", "--set", "engine.policy.device=cpu",
+         "--set", "engine.eval.max_new_tokens=6", "--set", "engine.eval.search_simulations=2",
+         "--set", "engine.eval.search_actions=2", "--set", "engine.env.max_steps=2",
+         "--set", "engine.sandbox.workers=1"]
+
+
+def test_experiment_resumes_after_kill(tmp_path):
+    out = tmp_path / "exp"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    cmd = [sys.executable, "-m", "dataengine.cli", "experiment", "--out", str(out), *SIZES]
+    journal = out / "pipeline" / "journal.json"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if journal.is_file() and "r1/generate" in json.loads(journal.read_text())["stages"]:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the experiment ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    done = set(json.loads(journal.read_text())["stages"])
+    assert {"r0/evaluate", "r1/generate"} <= done and "r1/evaluate" not in done
+
+    from storage import Store
+
+    nodes_version = Store(out / "store").version("nodes")
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    # The finished stages were not run again: no new search shard was written.
+    assert Store(out / "store").version("nodes") == nodes_version
+    stages = json.loads(journal.read_text())["stages"]
+    assert {"r0/evaluate", "r1/generate", "r1/derive", "r1/export", "r1/evaluate"} <= set(stages)
+    results = json.loads((out / "results.json").read_text())
+    assert [r["round"] for r in results["rows"]] == [0, 1]
+    assert all(r["greedy"] is not None and r["search_deployable"] is not None for r in results["rows"])
+    assert results["rows"][1]["trees"] == 2 and "generate" in results["rows"][1]["seconds"]
+    text = (out / "results.md").read_text()
+    assert "search, deployable" in text and "oracle bound" in text
+    assert (out / "success.png").stat().st_size > 0 and (out / "report" / "report.html").is_file()
+
+
+def test_journal_refuses_another_config(tmp_path):
+    from dataengine.experiment import experiment_config
+    from flows.pipeline import Journal
+
+    a = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny")
+    b = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=5)
+    journal = Journal(tmp_path / "journal.json", a)
+    calls = []
+    assert journal.run("r1/x", lambda: calls.append(1) or {"v": 1}) == {"v": 1}
+    assert Journal(tmp_path / "journal.json", a).run("r1/x", lambda: calls.append(2)) == {"v": 1}
+    assert calls == [1]
+    with pytest.raises(ValueError, match="another pipeline config"):
+        Journal(tmp_path / "journal.json", b)
