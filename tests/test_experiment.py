@@ -77,3 +77,34 @@ def test_journal_refuses_another_config(tmp_path):
     assert calls == [1]
     with pytest.raises(ValueError, match="another pipeline config"):
         Journal(tmp_path / "journal.json", b)
+
+
+def test_chained_training_stages_on_derived_sets(tmp_path):
+    """The experiment's chain on a hand-built tree with successes and pairs (the tiny model finds
+    none by itself): derive -> export -> SFT -> DPO from the SFT checkpoint, both registered."""
+    from test_derive import RUN, task_row, tree_nodes, tree_trajectories
+
+    from dataengine.config import DPOTrainConfig, SFTTrainConfig
+    from dataengine.stages.datasets import derive_datasets, export_dataset
+    from dataengine.stages.train import train_checkpoint
+    from storage import Store
+    from storage.export import ExportFilters
+
+    store = Store(tmp_path / "store")
+    store.append("nodes", tree_nodes(), run_id=RUN, shard_id="s0", marker="tasks")
+    store.append("trajectories", tree_trajectories(), run_id=RUN, shard_id="s0", marker="tasks")
+    store.append("tasks", [task_row()], run_id=RUN, shard_id="s0")
+    derive_datasets(store, ["sft", "step-pairs"], run_ids=[RUN])
+    only = ExportFilters(run_ids=[RUN])
+    sft = export_dataset(store, "sft", str(tmp_path / "sft.parquet"), filters=only)
+    pairs = export_dataset(store, "pairs", str(tmp_path / "pairs.parquet"), filters=only)
+    assert sft.rows == 1 and pairs.rows == 2
+    common = {"max_steps": 1, "batch_size": 1, "max_length": 256, "device": "cpu", "run_id": RUN}
+    first, _ = train_checkpoint("sft", SFTTrainConfig(init="tiny", out_dir=str(tmp_path / "c-sft"), **common),
+                                sft.path, store=store)
+    second, _ = train_checkpoint("dpo", DPOTrainConfig(init=first.path, out_dir=str(tmp_path / "c-dpo"), **common),
+                                 pairs.path, store=store)
+    models = store.models().collect()
+    assert set(models["kind"]) == {"sft", "dpo"}
+    assert models.filter(models["kind"] == "dpo")["parent_id"][0] == first.model_id
+    assert Path(second.path, "config.json").is_file()
