@@ -154,3 +154,23 @@ def test_cli_time_travel_and_history(store):
     history = runner.invoke(app, ["store", "history", "nodes", "--store", str(store.root)])
     newest = history.stdout.splitlines()[0].split("\t")
     assert newest[0] == "2" and newest[2] == "WRITE" and newest[3:] == ["g2", "7", "1"]
+
+
+def test_queries_leave_out_half_written_shards(store):
+    """A shard declared with a `tasks` marker that was never written is invisible to every
+    helper and to SQL (the commit-marker protocol of multi-table shards)."""
+    extra = {"task_id": "t0", "suite": "arith", "traj_id": "late", "source": "mcts", "success": True, "reward": 1.0,
+             "verdicts": [verdict("final_answer", True, 1.0)]}
+    store.append("trajectories", [extra], run_id="g1", shard_id="1", marker="tasks")
+    store.append("nodes", [{"task_id": "t0", "tree_id": "late", "node_id": 0, "depth": 0, "visits": 99}],
+                 run_id="g1", shard_id="1", marker="tasks")
+    assert success_rate(store).collect()["episodes"].to_list() == [4, 2]
+    assert verifier_pass_rates(store).collect().filter(pl.col("verifier") == "final_answer")["verdicts"].item() == 6
+    assert node_stats(store).collect()["nodes"].to_list() == [1, 2, 1]
+    with pytest.raises(Exception, match="no nodes of tree 'late'"):
+        tree_graph(store, "g1", "late")
+    assert store.sql("SELECT count(*) AS n FROM trajectories").collect()["n"].item() == 6
+    # Once the marker is written the shard is there.
+    store.append("tasks", [{"task_id": "t0"}], run_id="g1", shard_id="1")
+    assert success_rate(store).collect()["episodes"].to_list() == [5, 2]
+    assert tree_graph(store, "g1", "late").number_of_nodes() == 1
