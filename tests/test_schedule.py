@@ -1,7 +1,8 @@
-"""Schedules that fire by themselves: `dataengine schedule generate --cron "* * * * *"` serves a
-tiny generate deployment on a real `prefect server start`, and a flow run that the server's
-scheduler created (never one started by hand) completes in the serving process; stopping the
-serving process pauses the schedule. Also `schedule list`'s table at 80 columns."""
+"""Schedules that fire by themselves, on a real `prefect server start`: a cron "* * * * *"
+deployment of a tiny generate config, served by `dataengine schedule generate` or registered on
+a work pool (`--pool`) and run by `prefect worker start`; each test waits for a flow run that the
+server's scheduler created (nothing starts one by hand) to complete. Stopping the serving
+process pauses the schedule. Also `schedule list`'s table at 80 columns."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_schedule_table_fits_80_columns_with_headers():
     assert stopped.split()[-2:] == ["-", "paused"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with prefect_server(tmp_path_factory.mktemp("prefect-schedule")) as info:
         yield info
@@ -60,84 +61,133 @@ def server(tmp_path_factory):
 
 def wait_for(what: str, timeout: float, probe, *, alive: subprocess.Popen, logs) -> object:
     """probe() until it returns something truthy; fail naming `what` (with the logs' tails) after
-    `timeout` s or when the serving process exits."""
+    `timeout` s or when the process `alive` (serving or worker) exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = probe()
         if found:
             return found
         if alive.poll() is not None:
-            pytest.fail(f"the serving process exited ({alive.returncode}) while waiting for {what}\n{logs()}")
+            pytest.fail(f"the serving/worker process exited ({alive.returncode}) while waiting for {what}\n{logs()}")
         time.sleep(2.0)
     pytest.fail(f"{what}: not within {timeout:.0f} s\n{logs()}")
 
 
-@pytest.mark.slow
-def test_cron_schedule_fires_a_run_the_scheduler_made(server, tmp_path):
+def tiny_yaml(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path / "store").model_dump(mode="json")))
+    return path
+
+
+def log_tails(server, process_log):
+    def logs() -> str:
+        errors = [line for line in server["log"].read_text().splitlines() if "Error" in line or "ERROR" in line]
+        return (f"--- {process_log.name} (tail)\n{process_log.read_text()[-3000:]}\n"
+                "--- server log errors\n" + "\n".join(errors[-20:]))
+    return logs
+
+
+def scheduled_run_completes(name: str, alive: subprocess.Popen, logs) -> object:
+    """Wait for deployment generate/`name`, for the scheduler to create its runs, then for the
+    earliest to finish; returns that run (COMPLETED, else the test fails). Every run of the
+    deployment must be auto_scheduled."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
     from prefect.exceptions import ObjectNotFound
+
+    def deployment():
+        with get_client(sync_client=True) as client:
+            try:
+                return client.read_deployment_by_name(f"generate/{name}")
+            except ObjectNotFound:
+                return None
+
+    def runs():
+        with get_client(sync_client=True) as client:
+            return client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])))
+
+    wait_for(f"deployment generate/{name} is registered", REGISTER_S, deployment, alive=alive, logs=logs)
+    made = wait_for(f"the scheduler creates a run of generate/{name}", SCHEDULER_S,
+                    lambda: [r for r in runs() if r.auto_scheduled], alive=alive, logs=logs)
+    first = min(made, key=lambda r: r.expected_start_time)
+    # "* * * * *": the first run is the next minute after the scheduler made it.
+    assert first.expected_start_time <= first.created + timedelta(seconds=60), (first.created, first.expected_start_time)
+
+    def first_final():
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(first.id)
+        return run if run.state.is_final() else None
+
+    budget = (first.expected_start_time - datetime.now(UTC)).total_seconds() + RUN_S
+    done = wait_for(f"scheduled run {first.name} (due {first.expected_start_time:%H:%M:%S}) finishes",
+                    budget, first_final, alive=alive, logs=logs)
+    assert done.state.is_completed(), f"{done.state}\n{logs()}"
+    assert all(r.auto_scheduled for r in runs()), "a run of the deployment was not made by the scheduler"
+    return done
+
+
+def slot_run_id(name: str, run) -> str:
+    return f"schedule/{name}/{run.expected_start_time.astimezone(UTC):%Y%m%dT%H%M}"
+
+
+@pytest.mark.slow
+def test_cron_schedule_fires_a_run_the_scheduler_made(server, tmp_path):
     from typer.testing import CliRunner
 
     from dataengine.cli import app
     from flows import schedule
     from storage import Store
 
-    store = tmp_path / "store"
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(tiny_config(store).model_dump(mode="json")))
+    name = "every-minute"
     serve_log = tmp_path / "serve.log"
-
-    def logs() -> str:
-        server_log = server["log"].read_text()
-        errors = [line for line in server_log.splitlines() if "Error" in line or "ERROR" in line]
-        return (f"--- serve log (tail)\n{serve_log.read_text()[-3000:]}\n"
-                f"--- server log errors\n" + "\n".join(errors[-20:]))
-
-    def deployment():
-        with get_client(sync_client=True) as client:
-            try:
-                return client.read_deployment_by_name(f"generate/{NAME}")
-            except ObjectNotFound:
-                return None
-
-    def runs():
-        with get_client(sync_client=True) as client:
-            return client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[NAME])))
-
     env = {**server["env"], "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
     with open(serve_log, "w") as log:
-        serving = subprocess.Popen([str(BIN / "dataengine"), "schedule", "generate", "--name", NAME,
-                                    "--cron", "* * * * *", "--config", str(config)],
+        serving = subprocess.Popen([str(BIN / "dataengine"), "schedule", "generate", "--name", name,
+                                    "--cron", "* * * * *", "--config", str(tiny_yaml(tmp_path))],
                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for("the serving process registers the deployment", REGISTER_S, deployment, alive=serving, logs=logs)
-        registered = datetime.now(UTC)
-        made = wait_for("the scheduler creates a run of the cron deployment", SCHEDULER_S,
-                        lambda: [r for r in runs() if r.auto_scheduled], alive=serving, logs=logs)
-        first = min(made, key=lambda r: r.expected_start_time)
-        assert first.expected_start_time <= registered + timedelta(seconds=61), first.expected_start_time
-        budget = (first.expected_start_time - datetime.now(UTC)).total_seconds() + RUN_S
-
-        def first_final():
-            with get_client(sync_client=True) as client:
-                run = client.read_flow_run(first.id)
-            return run if run.state.is_final() else None
-
-        done = wait_for(f"scheduled run {first.name} (due {first.expected_start_time:%H:%M:%S}) finishes",
-                        budget, first_final, alive=serving, logs=logs)
-        assert done.state.is_completed(), f"{done.state}\n{logs()}"
-        assert all(r.auto_scheduled for r in runs()), "a run of the deployment was not made by the scheduler"
-
+        done = scheduled_run_completes(name, serving, log_tails(server, serve_log))
         listed = CliRunner().invoke(app, ["schedule", "list"], env={"COLUMNS": "80"})
         assert listed.exit_code == 0, listed.output
         header, line = listed.output.splitlines()[:2]
         assert header.split()[:4] == ["name", "cron", "suites", "tasks"]
-        assert line.split()[:8] == [NAME, "*", "*", "*", "*", "*", "arithmetic", "2"] and line.split()[-1] == "ready"
+        assert line.split()[:8] == [name, "*", "*", "*", "*", "*", "arithmetic", "2"] and line.split()[-1] == "ready"
     finally:
         stop_group(serving, 60)
-    slot = f"schedule/{NAME}/{done.expected_start_time.astimezone(UTC):%Y%m%dT%H%M}"
-    assert slot in Store(store).runs().collect()["run_id"].to_list()
-    [listed_row] = schedule.list_schedules()
-    assert listed_row["paused"], "stopping the serving process should pause the schedule"
-    schedule.delete_schedule(NAME)
+    assert slot_run_id(name, done) in Store(tmp_path / "store").runs().collect()["run_id"].to_list()
+    [row] = [r for r in schedule.list_schedules() if r["name"] == name]
+    assert row["paused"], "stopping the serving process should pause the schedule"
+    schedule.delete_schedule(name)
+
+
+@pytest.mark.slow
+def test_cron_schedule_on_a_work_pool_runs_in_a_worker(server, tmp_path):
+    from typer.testing import CliRunner
+
+    from dataengine.cli import app
+    from flows import schedule
+    from storage import Store
+
+    name, pool = "pooled", "local-test"
+    config = tiny_yaml(tmp_path)
+    register = ["schedule", "generate", "--name", name, "--cron", "* * * * *", "--config", str(config), "--pool", pool]
+    missing = CliRunner().invoke(app, register)
+    assert missing.exit_code == 2 and f"prefect work-pool create {pool} --type process" in missing.output
+    created = subprocess.run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process"],
+                             check=False, env=server["env"], capture_output=True, text=True, timeout=120)
+    assert created.returncode == 0, created.stdout + created.stderr
+    registered = CliRunner().invoke(app, register)
+    assert registered.exit_code == 0 and f"prefect worker start --pool {pool}" in registered.output, registered.output
+
+    worker_log = tmp_path / "worker.log"
+    env = {**server["env"], "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    with open(worker_log, "w") as log:
+        worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool], cwd=tmp_path, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        done = scheduled_run_completes(name, worker, log_tails(server, worker_log))
+        schedule.pause_schedule(name)
+    finally:
+        stop_group(worker, 60)
+    assert slot_run_id(name, done) in Store(tmp_path / "store").runs().collect()["run_id"].to_list()
+    schedule.delete_schedule(name)
