@@ -335,6 +335,8 @@ def test_cli_damaged_or_missing_store_gives_one_line_errors(tmp_path):
     assert result.exit_code == 1 and pairs.name in one_line(result)
     with pytest.raises(StoreError, match=nodes.name):
         derive(store, run_ids=[RUN], options=OPTIONS)
+    result = runner.invoke(app, ["derive", "all", "--run", RUN, *at])
+    assert result.exit_code == 1 and nodes.name in one_line(result) and "store repair" in one_line(result)
 
     result = runner.invoke(app, ["store", "repair", "--dry-run", *at])
     assert result.exit_code == 0 and "would drop 6 row(s) of run 'gen-1' shard 'shard-0' from table 'nodes'" in result.stdout
