@@ -1,24 +1,31 @@
-"""LLM search benchmark: MCTS against best-of-N sampling at equal generated-token budgets.
+"""Search yield benchmark: MCTS (each leaf-value option) against best-of-N and greedy sampling at
+equal generated tokens per task, on several tool suites, with 95% intervals, in one run.
 
-    .venv/bin/python benchmarks/bench_search.py            # SmolLM2, arithmetic, ~5 min on 2 cores
-    .venv/bin/python benchmarks/bench_search.py --quick    # tiny run
+    .venv/bin/python benchmarks/bench_search.py                       # SmolLM2, 4 suites x 32 tasks
+    .venv/bin/python benchmarks/bench_search.py --tasks 16 --suite arithmetic --suite units
+    .venv/bin/python benchmarks/bench_search.py --quick               # tiny model, smoke run
 
-Both methods search the same arithmetic tasks with the same policy (SmolLM2-135M-Instruct with
-the few-shot tool prompt), the same per-task budget of generated tokens, and write their rows
-to a throwaway store (store writes are inside the timed runs). Printed:
+Every method runs through the generate stage (dataengine.stages.generate.generate) with the same
+policy (SmolLM2-135M-Instruct, the example-episode template, temperature 0.7), the same train
+tasks and the same per-task budget of generated tokens (`--budget`; every token of expansions,
+rollouts and critic calls is charged to its task). Per method and suite it prints:
 
-- share of wall time outside the model in the MCTS run (env steps, verifiers, tree core, store
-  writes; model load and sandbox start are excluded): target under 5%;
-- successes per million generated tokens (successful trajectories, distinct successful
-  trajectories, solved tasks) for MCTS and best-of-N, and their ratios (best-of-N = 1.00).
-  best-of-N's per-task budget is what MCTS actually spent per task (MCTS stops spending on a
-  tree whose leaves are all terminal), so both generate about the same number of tokens.
+- successes per million generated tokens (successful trajectories), distinct successful
+  trajectories (by trajectory hash) per million tokens, and solved tasks per million tokens,
+  each with a 95% bootstrap interval over tasks (ratio of sums, 2,000 resamples);
+- the ratio MCTS / best-of-N of each, with a paired bootstrap interval (same tasks resampled);
+- tokens spent, solved tasks and wall time.
+
+Targets (issue 14): MCTS at least 2x best-of-N in successes per M tokens and at least 1.3x in
+solved tasks per M tokens on at least two of the four suites.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -27,96 +34,148 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataengine.config import load_config
-from dataengine.env import ToolEnv
-from dataengine.search import generate, make_policy_from_config
-from dataengine.suites import generate_suite
-from dataengine.tools.sandbox import Sandbox
-from storage import Store
+from dataengine.config import load_config  # noqa: E402
+from dataengine.policy import policy_from_config  # noqa: E402
+from dataengine.stages.generate import config_tasks, generate  # noqa: E402
+from dataengine.stages.resources import make_sandbox  # noqa: E402
+from storage import Store  # noqa: E402
+
+RESAMPLES = 2000
 
 
-def per_million(count: int, tokens: int) -> float:
-    return 1e6 * count / tokens if tokens else 0.0
+def per_task(store: Store, run_id: str, task_ids: list[str], tokens: dict[str, int]) -> list[tuple[int, int, int, int]]:
+    """(successes, distinct successes, solved 0/1, tokens) per task of a run."""
+    import polars as pl
+
+    trajs = store.trajectories().filter(pl.col("run_id") == run_id).select("task_id", "success", "traj_hash").collect()
+    out = []
+    for task_id in task_ids:
+        ok = trajs.filter((pl.col("task_id") == task_id) & pl.col("success"))
+        out.append((ok.height, ok["traj_hash"].n_unique() if ok.height else 0, int(ok.height > 0),
+                    tokens.get(task_id, 0)))
+    return out
+
+
+def rate(rows: list[tuple[int, ...]], column: int) -> float:
+    tokens = sum(r[3] for r in rows)
+    return 1e6 * sum(r[column] for r in rows) / tokens if tokens else 0.0
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    values = sorted(values)
+    return values[int(0.025 * len(values))], values[min(len(values) - 1, int(0.975 * len(values)))]
+
+
+def bootstrap(rows: list[tuple[int, ...]], column: int, seed: int) -> tuple[float, float]:
+    rng = random.Random(seed)
+    n = len(rows)
+    return interval([rate([rows[rng.randrange(n)] for _ in range(n)], column) for _ in range(RESAMPLES)])
+
+
+def paired_ratio(a: list[tuple[int, ...]], b: list[tuple[int, ...]], column: int, seed: int) -> tuple[float, float] | None:
+    rng = random.Random(seed)
+    n = len(a)
+    ratios = []
+    for _ in range(RESAMPLES):
+        picks = [rng.randrange(n) for _ in range(n)]
+        denominator = rate([b[i] for i in picks], column)
+        if denominator > 0:
+            ratios.append(rate([a[i] for i in picks], column) / denominator)
+    return interval(ratios) if len(ratios) > RESAMPLES // 2 else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny run (2 tasks, small budget)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 2 tasks, small budget (smoke run)")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--suite", default="arithmetic", help="suite searched (notool: tasks SmolLM2 can solve without tools)")
-    parser.add_argument("--tasks", type=int, default=6)
-    parser.add_argument("--budget", type=int, default=600, help="generated tokens per task, both methods")
-    parser.add_argument("--sims", type=int, default=32, help="MCTS simulations per tree (the budget usually ends first)")
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--algorithm", default="gumbel", choices=["puct", "uct", "gumbel"])
-    parser.add_argument("--value", default="zero", choices=["zero", "rollout", "critic"])
+    parser.add_argument("--suite", action="append", help="suite (repeat); default arithmetic, units, shop, chains")
+    parser.add_argument("--tasks", type=int, default=32, help="train tasks per suite")
+    parser.add_argument("--budget", type=int, default=400, help="generated tokens per task, every method")
+    parser.add_argument("--sims", type=int, default=64, help="MCTS simulations per tree (the budget usually ends first)")
+    parser.add_argument("--k", type=int, default=4, help="candidate actions per expansion; best-of-N wave size")
+    parser.add_argument("--algorithm", default="puct", choices=["puct", "uct", "gumbel"])
+    parser.add_argument("--values", default="zero,rollout", help="MCTS leaf-value options to compare (comma-separated)")
+    parser.add_argument("--value-model", help="fitted value head for the value_model option")
+    parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-depth", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args()
+    suites = args.suite or ["arithmetic", "units", "shop", "chains"]
     if args.quick:
-        args.tasks, args.budget, args.sims = 2, 200, 8
+        args.model, args.tasks, args.budget, args.sims, suites = "tiny", 2, 60, 4, suites[:1]
+    methods = ["greedy", "best_of_n"] + [f"mcts-{v}" for v in args.values.split(",") if v]
 
-    cfg = load_config(
-        None,
-        seed=args.seed,
-        num_tasks=args.tasks,
-        shard_size=args.tasks,
-        policy__model=args.model,
-        policy__device="cpu",
-        policy__max_new_tokens=args.max_new_tokens,
-        search__algorithm=args.algorithm,
-        search__num_simulations=args.sims,
-        search__num_actions=args.k,
-        search__value=args.value,
-        search__max_generated_tokens=args.budget,
-        search__trees_per_batch=args.tasks,
-        search__max_depth=4,
-        env__max_steps=4,
+    base = load_config(
+        None, seed=args.seed, shard_size=args.tasks, policy__model=args.model, policy__device="cpu",
+        policy__temperature=args.temperature, policy__max_new_tokens=args.max_new_tokens,
+        search__algorithm=args.algorithm, search__num_simulations=args.sims, search__num_actions=args.k,
+        search__max_generated_tokens=args.budget, search__trees_per_batch=min(args.tasks, 8),
+        search__max_depth=args.max_depth, env__max_steps=args.max_depth, generate__n=10_000,
+        generate__value_model=args.value_model,
     )
-    # One-call problems (and tool-free ones): the ones SmolLM2 can solve at all.
-    tasks = [t for t in generate_suite(args.suite, n_train=8 * args.tasks, n_heldout=0, seed=args.seed) if len(t.gold.calls) <= 1]
-    tasks = tasks[: args.tasks]
-    start = time.perf_counter()
-    policy = make_policy_from_config(cfg)
-    print(f"model {policy.model_id} loaded in {time.perf_counter() - start:.1f} s; {len(tasks)} tasks, "
-          f"{args.suite}, {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, value={args.value}")
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp, Sandbox(workers=2, preload=sorted({t.toolbox for t in tasks})) as sandbox:
-        env = ToolEnv(sandbox, max_steps=cfg.env.max_steps)
-        sandbox.wait_ready()
+    started = time.perf_counter()
+    policy = policy_from_config(base.policy)
+    print(f"model {policy.model_id} loaded in {time.perf_counter() - started:.1f} s; suites {', '.join(suites)}, "
+          f"{args.tasks} tasks each, {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, "
+          f"temperature {args.temperature}", flush=True)
+    results: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
-        for method in ("mcts", "best_of_n"):
-            if method == "best_of_n":
-                # Equal tokens: best-of-N gets what MCTS actually spent per task (a tree whose
-                # leaves are all terminal stops spending before its budget).
-                spent = max(1, results["mcts"][0].generated_tokens // len(tasks))
-                cfg = cfg.model_copy(update={"search": cfg.search.model_copy(update={"max_generated_tokens": spent})})
-            summary = generate(cfg, method=method, tasks=tasks, store=store, policy=policy, env=env, n=10_000, progress=False)
-            trajs = store.trajectories().collect().filter(store.trajectories().collect()["run_id"] == summary.run_id)
-            ok = trajs.filter(trajs["success"])
-            results[method] = (summary, ok["traj_hash"].n_unique())
-    print()
-    print(f"{'method':<10} {'tokens':>7} {'wall s':>7} {'model s':>8} {'outside':>8} {'succ traj':>9} {'distinct':>8} "
-          f"{'solved':>6} {'succ/Mtok':>9} {'dist/Mtok':>9} {'solved/Mtok':>11}")
-    for method, (s, distinct) in results.items():
-        print(f"{method:<10} {s.generated_tokens:>7} {s.seconds:>7.1f} {s.model_seconds:>8.1f} {s.outside_model_share:>8.1%} "
-              f"{s.successes:>9} {distinct:>8} {s.solved:>6} {s.successes_per_million_tokens:>9.0f} "
-              f"{per_million(distinct, s.generated_tokens):>9.0f} {per_million(s.solved, s.generated_tokens):>11.0f}")
-    m, b = results["mcts"], results["best_of_n"]
+        for suite in suites:
+            cfg = base.model_copy(update={"suites": [suite], "num_tasks": args.tasks})
+            tasks = config_tasks(cfg)
+            results[suite] = {}
+            with make_sandbox(cfg, sorted({t.toolbox for t in tasks})) as sandbox:
+                from dataengine.env import ToolEnv
 
-    def ratio(x: float, y: float) -> str:
-        return f"{x / y:.2f}" if y else "n/a (best-of-N found none)"
+                env = ToolEnv(sandbox, max_steps=cfg.env.max_steps)
+                for method in methods:
+                    name, _, value = method.partition("-")
+                    run_cfg = cfg.model_copy(update={
+                        "generate": cfg.generate.model_copy(update={"method": name}),
+                        "search": cfg.search.model_copy(update={"value": value or "zero"}),
+                    })
+                    t0 = time.perf_counter()
+                    summary = generate(run_cfg, tasks=tasks, store=store, policy=policy, env=env, progress=False)
+                    rows = per_task(store, summary.run_id, [t.id for t in tasks], summary.task_tokens)
+                    results[suite][method] = {"rows": rows, "seconds": time.perf_counter() - t0,
+                                              "tokens": sum(r[3] for r in rows)}
+                    print(f"  {suite:<10} {method:<13} {results[suite][method]['tokens']:>7} tokens "
+                          f"{sum(r[0] for r in rows):>4} successes {sum(r[2] for r in rows):>3}/{len(rows)} solved "
+                          f"{results[suite][method]['seconds']:>7.1f} s", flush=True)
+    report(results, methods, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
+
+def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
+    columns = ((0, "succ/Mtok"), (1, "distinct/Mtok"), (2, "solved/Mtok"))
     print()
-    print(f"MCTS share of wall time outside the model: {m[0].outside_model_share:.1%} (target < 5%)")
-    print(f"successes per M tokens, MCTS / best-of-N: {ratio(m[0].successes_per_million_tokens, b[0].successes_per_million_tokens)}")
-    print(f"distinct successes per M tokens, MCTS / best-of-N: "
-          f"{ratio(per_million(m[1], m[0].generated_tokens), per_million(b[1], b[0].generated_tokens))}")
-    print(f"solved tasks per M tokens, MCTS / best-of-N: "
-          f"{ratio(per_million(m[0].solved, m[0].generated_tokens), per_million(b[0].solved, b[0].generated_tokens))}")
-    print(f"MCTS: {m[0].simulations} simulations, {m[0].nodes} nodes, {m[0].trajectories} trajectories; outside the "
-          f"model: env {m[0].env_seconds:.2f} s, verifiers {m[0].verify_seconds:.2f} s, store {m[0].store_seconds:.2f} s, "
-          f"rest {m[0].seconds - m[0].model_seconds - m[0].env_seconds - m[0].verify_seconds - m[0].store_seconds:.2f} s")
+    print(f"{'suite':<10} {'method':<13} {'tokens':>7} {'solved':>7} " + " ".join(f"{n + ' [95% CI]':>22}" for _, n in columns))
+    for suite, by_method in results.items():
+        for method in methods:
+            r = by_method[method]
+            rows = r["rows"]
+            cells = []
+            for column, _ in columns:
+                low, high = bootstrap(rows, column, args.seed)
+                cells.append(f"{rate(rows, column):>6.0f} [{low:>5.0f}, {high:>5.0f}]".rjust(22))
+            print(f"{suite:<10} {method:<13} {r['tokens']:>7} {sum(x[2] for x in rows):>3}/{len(rows):<3} " + " ".join(cells))
+    print()
+    print("MCTS / best-of-N at equal tokens (paired bootstrap over tasks, 95%):")
+    for suite, by_method in results.items():
+        bon = by_method["best_of_n"]["rows"]
+        for method in methods[2:]:
+            rows = by_method[method]["rows"]
+            parts = []
+            for column, name in ((0, "successes/Mtok"), (2, "solved/Mtok")):
+                b = rate(bon, column)
+                ci = paired_ratio(rows, bon, column, args.seed)
+                shown = f"{rate(rows, column) / b:.2f}x" if b else "n/a (best-of-N found none)"
+                parts.append(f"{name} {shown}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and b else ""))
+            print(f"  {suite:<10} {method:<13} " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import mcts
@@ -51,6 +51,7 @@ class ShardOutput:
     trajectories: list[dict]
     simulations: int = 0
     generated_tokens: int = 0
+    task_tokens: dict[str, int] = field(default_factory=dict)
     env_seconds: float = 0.0
     verify_seconds: float = 0.0
 
@@ -218,6 +219,7 @@ def run_shard(
             sims = int(batch.tree.num_simulations.sum())
             out.simulations += sims
             out.generated_tokens += batch.budget.total
+            out.task_tokens.update({t.id: used for t, used in zip(part, batch.budget.used)})
             out.env_seconds += batch.counters.env_seconds
             out.verify_seconds += batch.counters.verify_seconds
             done["trees_done"] += len(part)
@@ -247,6 +249,7 @@ def run_shard(
         episodes = play(n=n or s.num_simulations, wave=s.num_actions, temperature=config.policy.temperature)
     out.trajectories = episode_rows(episodes, method, policy.model_id)
     out.generated_tokens = budget.total
+    out.task_tokens = {t.id: used for t, used in zip(tasks, budget.used)}
     done.update(trees_done=len(tasks), tokens=budget.total, successes=sum(e.success for e in episodes))
     report({})
     return out

@@ -70,6 +70,7 @@ class ShardResult:
     successes: int = 0
     solved_task_ids: list[str] = field(default_factory=list)
     generated_tokens: int = 0
+    task_tokens: dict[str, int] = field(default_factory=dict)
     env_seconds: float = 0.0
     verify_seconds: float = 0.0
     store_seconds: float = 0.0
@@ -112,6 +113,7 @@ class GenerateSummary:
     shards_written: int = 0
     shards_skipped: int = 0
     solved_task_ids: list[str] = field(default_factory=list)
+    task_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def successes_per_million_tokens(self) -> float:
@@ -132,10 +134,12 @@ class GenerateSummary:
             setattr(self, name, getattr(self, name) + getattr(shard, name))
         self.solved += shard.solved
         self.solved_task_ids += shard.solved_task_ids
+        self.task_tokens.update(shard.task_tokens)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("solved_task_ids")
+        out.pop("task_tokens")
         out["successes_per_million_tokens"] = round(self.successes_per_million_tokens, 1)
         out["outside_model_share"] = round(self.outside_model_share, 4)
         return out
@@ -254,6 +258,7 @@ def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
         successes=sum(bool(t["success"]) for t in out.trajectories),
         solved_task_ids=sorted({t["task_id"] for t in out.trajectories if t["success"]}),
         generated_tokens=out.generated_tokens,
+        task_tokens=out.task_tokens,
         env_seconds=out.env_seconds,
         verify_seconds=out.verify_seconds,
         store_seconds=time.perf_counter() - written,
