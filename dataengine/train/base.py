@@ -3,9 +3,14 @@ optimiser, LoRA, lengths, seed) map onto TRL / transformers TrainingArguments.""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dataengine.config import TrainConfig
+from dataengine.train.progress import bar_wanted
+
+HISTORY_KEYS = ("loss", "reward", "grad_norm", "learning_rate")
+MAX_HISTORY = 500
 
 
 def model_device(config: TrainConfig) -> str:
@@ -42,7 +47,8 @@ def trl_kwargs(config: TrainConfig) -> dict[str, Any]:
         bf16=bf16,
         fp16=False,
         dataloader_num_workers=0,
-        disable_tqdm=True,
+        # The step bar on a terminal; elsewhere dataengine.train.progress prints timed lines.
+        disable_tqdm=not bar_wanted(),
     )
 
 
@@ -61,8 +67,29 @@ def peft_config(config: TrainConfig) -> Any:
     )
 
 
+def log_history(entries: list[dict[str, Any]], max_points: int = MAX_HISTORY) -> dict[str, list[Any]]:
+    """The trainer's per-step logs, small: {"step": [int], key: [float | None]} for the
+    HISTORY_KEYS that any entry has (None where an entry lacks one), values to 6 significant
+    digits, at most `max_points` entries (evenly spaced, the last one kept)."""
+    rows = [e for e in entries if "step" in e and any(k in e for k in HISTORY_KEYS)]
+    if len(rows) > max_points:
+        last = len(rows) - 1
+        rows = [rows[round(i * last / (max_points - 1))] for i in range(max_points)]
+
+    def number(value: Any) -> float | None:
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return float(f"{value:.6g}")
+
+    keys = [k for k in HISTORY_KEYS if any(k in e for e in rows)]
+    out: dict[str, list[Any]] = {"step": [int(e["step"]) for e in rows]}
+    out.update({k: [number(e.get(k)) for e in rows] for k in keys})
+    return out
+
+
 def train_metrics(train_output: Any, trainer: Any, rows: int) -> dict[str, Any]:
-    """The metrics recorded with a checkpoint: final train loss, steps, runtime and the last logs."""
+    """The metrics recorded with a checkpoint: final train loss, steps, runtime, the last logs
+    and `log_history` (see log_history: loss, reward, grad_norm, learning_rate per logged step)."""
     metrics = dict(getattr(train_output, "metrics", {}) or {})
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     out: dict[str, Any] = {
@@ -70,6 +97,7 @@ def train_metrics(train_output: Any, trainer: Any, rows: int) -> dict[str, Any]:
         "steps": int(trainer.state.global_step),
         "runtime_s": float(metrics.get("train_runtime", 0.0)),
         "rows": rows,
+        "log_history": log_history(trainer.state.log_history),
     }
     if logs:
         out["last_log"] = {k: v for k, v in logs[-1].items() if isinstance(v, (int, float))}

@@ -23,6 +23,7 @@ from typing import Any
 
 from dataengine.config import GRPOTrainConfig
 from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.train.progress import attach_progress
 from dataengine.models import weights_fingerprint
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
@@ -106,6 +107,7 @@ def build_grpo_trainer(
         peft_config=peft_config(config),
         environment_factory=environment_factories(toolboxes, tool_env),
     )
+    attach_progress(trainer, "grpo")
     return trainer, model, tokenizer
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from dataengine.config import SFTTrainConfig
 from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.train.progress import attach_progress
 from dataengine.models import weights_fingerprint
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
@@ -43,6 +44,7 @@ def build_sft_trainer(config: SFTTrainConfig, data: TrainingData) -> tuple[Any, 
         processing_class=tokenizer,
         peft_config=peft_config(config),
     )
+    attach_progress(trainer, "sft")
     return trainer, model, tokenizer
 
 
