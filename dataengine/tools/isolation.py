@@ -165,6 +165,7 @@ def build_view(root: str, read_paths: list[str], scratch_mb: int) -> None:
     read-only; /etc: ETC_FILES only; /dev: DEVICES, fd and std* links, /dev/shm; /tmp and
     /dev/shm share one tmpfs of scratch_mb MiB; /proc empty until finish_view.
     """
+    root = os.path.realpath(root)
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
     for name in os.listdir("/"):

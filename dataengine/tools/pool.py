@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 
 from dataengine.tools.isolation import descendants, process_tree
-from dataengine.tools.worker import Limits, Setup
+from dataengine.tools.worker import Limits, Setup, read_only_view
 from dataengine.types import ToolCall, ToolResult, ToolStatus
 
 # Seconds a worker may take to start (interpreter, imports, preloaded toolboxes).
@@ -102,6 +102,7 @@ class Sandbox:
         self.preload = tuple(preload)
         self.modules = tuple(modules)
         self.read_paths = tuple(os.path.abspath(p) for p in read_paths)
+        self._view = read_only_view(self.read_paths)
         self.namespaces = bool(namespaces) and not _NAMESPACES_BROKEN
         self.cgroup = _memory_cgroup(cgroup)
         self._ctx = mp.get_context("forkserver")
@@ -217,7 +218,7 @@ class Sandbox:
             group = os.path.join(self.cgroup["parent"], f"worker-{self._started}")
             _make_worker_cgroup(group)
         setup = Setup(self.limits, self.preload, self.modules, tempfile.mkdtemp(prefix="dataengine-sandbox-"),
-                      self.read_paths, self.namespaces, group)
+                      self._view, self.namespaces, group)
         return _Worker(self._ctx, setup, watchdog=not self.cgroup)
 
     def _run(self, items: list[CallItem], results: list[Any]) -> None:
@@ -269,7 +270,7 @@ class Sandbox:
             w.ready, w.pid, w.deadline = True, msg[1], math.inf
             self._info = msg[2]
             self._start_failures = 0
-            w.measure_baseline()
+            w.measure_baseline(msg[2].get("pss", 0))
         elif kind == "no_namespaces":
             # Entered but could not build the view: every later worker starts without namespaces.
             _NAMESPACES_BROKEN.append(msg[1])
@@ -283,6 +284,8 @@ class Sandbox:
         elif kind == "loaded":
             w.loading = False
             w.deadline = time.monotonic() + self.limits.timeout_s
+            w.set_memory_limit(refresh=True)
+        elif kind == "started":
             w.set_memory_limit(refresh=True)
         elif kind == "result" and w.job is not None:
             _, status, output_json, error, state_json, seconds, dirty = msg
@@ -422,7 +425,7 @@ class _Worker:
         self.retired = False  # replaced in the pool; its handle may still sit in a local list
         self.loading = False  # importing a toolbox for the current call
         self.dirty: str | None = None  # why it was replaced after a call
-        self.baseline = 0  # bytes: the group's memory when idle (watchdog)
+        self.baseline = 0  # bytes: the runner's memory when idle (PSS at ready, plus later growth)
         self.runner_rss = 0  # bytes: the runner's resident size when `baseline` was last updated
         self.rss_checked = 0.0
         self.memory_limit = math.inf
@@ -444,11 +447,11 @@ class _Worker:
         self.next_check = self.sent_at + WATCH_INTERVAL_S if self.watchdog else math.inf
         return "sent"
 
-    def measure_baseline(self) -> None:
-        if self.watchdog:
-            self.baseline = self.group_memory(process_tree())
-            self.runner_rss = _rss(self.pid)
-            self.rss_checked = time.monotonic()
+    def measure_baseline(self, runner_pss: int) -> None:
+        """runner_pss: what the runner reported when it became ready."""
+        self.baseline = runner_pss
+        self.runner_rss = _rss(self.pid)
+        self.rss_checked = time.monotonic()
 
     def set_memory_limit(self, refresh: bool) -> None:
         """Allow memory_mb above what the worker holds now (refresh: re-read it at once)."""
@@ -469,9 +472,9 @@ class _Worker:
             self.next_check = now + WATCH_INTERVAL_S
 
     def group_memory(self, tree: dict[int, list[int]]) -> int:
-        """Bytes used by the worker and all its descendants (PSS: shared pages split, not repeated)."""
-        pid = self.process.pid
-        return sum(_pss(p) for p in [pid, *descendants(pid, tree)]) if pid else 0
+        """Bytes used by the runner and all its descendants (PSS: shared pages split, not
+        repeated). The worker process and init above it only wait; they are not counted."""
+        return sum(_pss(p) for p in [self.pid, *descendants(self.pid, tree)]) if self.pid else 0
 
     def reap(self) -> int | None:
         self.process.join(timeout=2.0)

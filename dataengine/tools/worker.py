@@ -25,6 +25,7 @@ import importlib
 import json
 import math
 import os
+import pickle
 import random
 import resource
 import shutil
@@ -43,6 +44,8 @@ from typing import Any
 from dataengine.tools import isolation
 from dataengine.types import ToolStatus
 
+# A call message this large (mostly tool state) makes the runner tell the pool its new size.
+LARGE_MESSAGE_BYTES = 1 << 20
 # Characters of traceback kept in an "exception" message.
 TRACEBACK_CHARS = 600
 # Environment variables whose names contain one of these are not passed to tools.
@@ -86,8 +89,8 @@ class Setup:
 
     scratch: an empty host folder: the private root's mount point (namespaces) or the
         runner's working folder (no namespaces). The pool removes it with the worker.
-    read_paths: folders and files tools may read, besides the system folders and the Python
-        installation (namespaces only; without them tools see the whole file system).
+    read_paths: the folders and files tools may read (read_only_view(); namespaces only:
+        without them tools see the whole file system).
     cgroup: a cgroup v2 folder the worker moves into at start (the pool sets its memory.max).
     """
 
@@ -170,10 +173,21 @@ def main(conn: Connection, setup: Setup) -> None:
     _mirror(init, status_r)
 
 
+def read_only_view(extra: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
+    """What a worker shows read-only (real paths, none inside another): the system folders,
+    the Python installation, every sys.path folder, the folders of the imported top-level
+    packages (editable installs load submodules from there, not through sys.path) and `extra`.
+    Computed once by the pool: workers get the parent's sys.path."""
+    paths = [*map(os.path.abspath, sys.path), sys.prefix, sys.base_prefix, sys.exec_prefix, *extra]
+    for name, module in list(sys.modules.items()):
+        if "." not in name:
+            paths.extend(f for f in getattr(module, "__path__", None) or [] if isinstance(f, str))
+    return tuple(isolation.view_paths(paths))
+
+
 def _enter_namespaces(setup: Setup) -> None:
     """In W: new namespaces (children go to the new PID namespace) and the private root."""
-    read_paths = [*sys.path, sys.prefix, sys.base_prefix, sys.exec_prefix, *_package_folders(), *setup.read_paths]
-    paths = [p for p in isolation.view_paths(read_paths) if not setup.scratch.startswith(p.rstrip("/") + "/")]
+    paths = [p for p in setup.read_paths if not setup.scratch.startswith(p.rstrip("/") + "/")]
     uid, gid = os.geteuid(), os.getegid()
     isolation.unshare(isolation.CLONE_NEWUSER | isolation.CLONE_NEWNS | isolation.CLONE_NEWNET
                       | isolation.CLONE_NEWIPC | isolation.CLONE_NEWPID)
@@ -182,16 +196,6 @@ def _enter_namespaces(setup: Setup) -> None:
         isolation.build_view(setup.scratch, paths, setup.limits.scratch_mb)
     except OSError as exc:
         raise NamespaceSetupFailed(f"could not build the private file-system view: {exc}") from exc
-
-
-def _package_folders() -> list[str]:
-    """Folders of the imported top-level packages: editable installs load their submodules
-    from there, not through sys.path."""
-    folders = []
-    for name, module in list(sys.modules.items()):
-        if "." not in name:
-            folders.extend(getattr(module, "__path__", None) or [])
-    return [f for f in folders if isinstance(f, str)]
 
 
 def _init(conn: Connection, setup: Setup, status_w: int, info: dict[str, Any]) -> None:
@@ -306,15 +310,16 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
             loaded.add(name)
         except Exception:
             pass  # reported when a call names it
-    info = {**info, "capabilities": isolation.effective_capabilities()}
+    info = {**info, "capabilities": isolation.effective_capabilities(), "pss": _own_pss()}
     clean = _fingerprint(copy=True)
     conn.send(("ready", host_pid(), info))
     validators: dict[tuple[str, str], Any] = {}
     while True:
         try:
-            msg = conn.recv()
+            raw = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        msg = pickle.loads(raw)
         if msg is None:
             return
         _, toolbox, name, arguments, state = msg
@@ -326,10 +331,25 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
             except Exception:
                 pass  # _execute reports it
             clean = _fingerprint(copy=True)  # what the import set up is the new normal
-            conn.send(("loaded",))
+            conn.send(("loaded",))  # the pool re-reads our size: the state does not count
+        elif len(raw) > LARGE_MESSAGE_BYTES:
+            conn.send(("started",))  # a large state now in memory: the pool re-reads our size
         result = _execute(toolbox, name, arguments, state, setup.limits, validators)
         _wipe(scratch)
         conn.send(("result", *result, _left_behind(clean)))
+
+
+def _own_pss() -> int:
+    """This process's proportional set size in bytes (resident size where smaps_rollup is missing)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def _fingerprint(copy: bool) -> dict[str, Any]:
