@@ -295,6 +295,27 @@ def install_tool_template(
     return tokenizer
 
 
+def install_prompt_options(
+    tokenizer: Any, *, fewshot: str | bool | None = None, system: str | None = None, listing: Listing | None = None
+) -> Any:
+    """The prompt options every policy backend takes, applied to `tokenizer`'s template.
+
+    fewshot: None keeps the installed template (the built-in example episodes); True shows the
+    example episodes; False none; a string is shown as text in the system turn instead of the
+    episodes. system: the default system text. listing: "compact" or "json" tool listing.
+    """
+    if fewshot is None and system is None and listing is None:
+        return tokenizer
+    return install_tool_template(
+        tokenizer,
+        fewshot=fewshot if isinstance(fewshot, str) else None,
+        examples="default" if fewshot is None or fewshot is True else None,
+        listing=listing or "compact",
+        system=DEFAULT_SYSTEM if system is None else system,
+        force=True,
+    )
+
+
 def _set_response_parser(tokenizer: Any) -> None:
     from trl import chat_template_utils as ctu
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 
 import pytest
@@ -109,7 +111,9 @@ def test_example_sets_follow_the_tools_and_stay_out_of_the_loss(tiny):
     assert '- convert(value: number, unit: string (one of "meter", "foot"), note: string = optional)\n' in units
     assert '"name": "convert"' in units and '"name": "add"' not in units
     fallback = tokenizer.apply_chat_template(chat, tools=[other.to_openai()], tokenize=False)
-    assert '"name": "add"' in fallback and "- weather(): Look up the weather." in fallback
+    # Unknown toolboxes get the arithmetic example set as a format demo.
+    assert re.search(r'"name": "(add|subtract|multiply|divide)"', fallback)
+    assert "- weather(): Look up the weather." in fallback
     assert "<|im_start|>assistant" not in tokenizer.apply_chat_template(chat, tokenize=False)
     out = tokenizer.apply_chat_template(
         chat + [{"role": "assistant", "content": "hello"}],

@@ -288,12 +288,17 @@ def test_config_errors_name_the_field():
     from dataengine.train.dpo import DPOTrainConfig
     from dataengine.train.grpo import GRPOTrainConfig
 
+    # Validated when built (pydantic sections of the one config tree), naming the field.
     with pytest.raises(ValueError, match="beta"):
-        DPOTrainConfig(beta=0).validate()
+        DPOTrainConfig(beta=0)
     with pytest.raises(ValueError, match="multiple of num_generations"):
-        GRPOTrainConfig(batch_size=6, num_generations=4).validate()
-    with pytest.raises(ValueError, match="num_generations must be >= 2"):
-        GRPOTrainConfig(batch_size=2, num_generations=1).validate()
+        GRPOTrainConfig(batch_size=6, num_generations=4)
+    with pytest.raises(ValueError, match="num_generations"):
+        GRPOTrainConfig(batch_size=2, num_generations=1)
+    with pytest.raises(ValueError, match="max_steps > 0 or num_train_epochs > 0"):
+        DPOTrainConfig(max_steps=0)
+    with pytest.raises(ValueError, match="device"):
+        DPOTrainConfig(device="tpu")
 
 
 # ---- GRPO: environment and reward over the real ToolEnv -------------------------------------
