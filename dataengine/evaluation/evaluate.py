@@ -226,7 +226,8 @@ def write_report(store: Any, report: EvalReport, *, run_id: str, config: dict[st
     evals table version."""
     shard = f"{report.model_id}/{report.suite}/{report.split}"
     if trajectories and report.outcomes:
-        store.append("trajectories", trajectory_rows(report), run_id=run_id, shard_id=shard)
+        # Hidden until the evals rows commit: a killed evaluation leaves no half shard behind.
+        store.append("trajectories", trajectory_rows(report), run_id=run_id, shard_id=shard, marker="evals")
     rows = [{
         "model_id": report.model_id,
         "suite": report.suite,
