@@ -11,6 +11,9 @@ from typing import Annotated
 
 import typer
 
+from dataengine.commands.common import fail as _fail
+from dataengine.commands.common import open_store as _open_store
+
 DEFAULT_STORE = Path(os.environ.get("DATAENGINE_STORE", "runs/store"))
 
 
@@ -21,20 +24,6 @@ class DeriveKind(str, Enum):
     recovery = "recovery"
     replay = "replay"
     all = "all"
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=1)
-
-
-def _open_store(path: Path, *, create: bool = False):
-    from storage import Store, StoreError
-
-    try:
-        return Store(path, create=create)
-    except StoreError as exc:
-        _fail(str(exc))
 
 
 def register(app: typer.Typer) -> None:

@@ -49,7 +49,6 @@ def register(app: typer.Typer) -> None:
 
         from dataengine.config import ConfigError, load_config
         from dataengine.stages.generate import generate
-
         from dataengine.suites import SUITE_MODULES
 
         for name in suite or ():

@@ -12,6 +12,9 @@ from typing import Annotated
 
 import typer
 
+from dataengine.commands.common import fail as _fail
+from dataengine.commands.common import open_store as _open
+
 DEFAULT_STORE = Path(os.environ.get("DATAENGINE_STORE", "runs/store"))
 STORE_HELP = "Store root folder (default: $DATAENGINE_STORE or runs/store)."
 
@@ -41,27 +44,11 @@ class DedupMode(str, Enum):
     near = "near"
 
 
-def _fail(message: str) -> None:
-    """Print one line to stderr and exit 1."""
-    lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
-    typer.echo(f"error: {'; '.join(lines) or 'failed'}", err=True)
-    raise typer.Exit(code=1)
-
-
 def _read_failure(opened, exc: BaseException, tables: list[str], versions: dict[str, int] | None = None) -> None:
     """Exit with the one-line StoreError explaining a failed read (a damaged file if found)."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
         raise exc
     _fail(str(opened.read_error(exc, tables, versions)))
-
-
-def _open(store: Path):
-    from storage import Store, StoreError
-
-    try:
-        return Store(store, create=False)
-    except StoreError as exc:
-        _fail(str(exc))
 
 
 def register(app: typer.Typer) -> None:

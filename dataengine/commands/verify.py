@@ -7,10 +7,7 @@ from pathlib import Path
 
 import typer
 
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=1)
+from dataengine.commands.common import fail as _fail
 
 
 def register(app: typer.Typer) -> None:
