@@ -210,6 +210,15 @@ def test_segfault_is_prompt_even_when_a_forked_child_holds_the_pipe():
         assert sb.call(BOX, tc("add", a=1, b=2))[0].output == 3
 
 
+def test_engine_never_unpickles_what_a_tool_writes_to_its_pipe(tmp_path):
+    marker = tmp_path / "pwned"
+    with Sandbox(workers=1) as sb:
+        result, _ = sb.call(BOX, tc("forge_pipe_message", path=str(marker)))
+        assert result.status == "crash" and "malformed message" in result.error
+        assert not marker.exists()
+        assert sb.call(BOX, tc("add", a=1, b=2))[0].output == 3
+
+
 # ------------------------------------------------------------------ files and environment
 
 

@@ -25,6 +25,7 @@ import signal
 import tempfile
 import threading
 import time
+import typing
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import wait
@@ -50,6 +51,11 @@ WATCH_COST_RATIO = 20
 # Seconds between refreshes of a worker's idle memory (its baseline grows with tool states).
 BASELINE_REFRESH_S = 1.0
 MIB = 1024 * 1024
+# Largest frame read from a worker (a result with its tool state); larger ones kill the worker.
+MAX_MESSAGE_BYTES = 512 * MIB
+# Messages a worker sends about the call it is running (the others come before its first call).
+_CALL_MESSAGES = ("loading", "loaded", "started", "result")
+_STATUSES = set(typing.get_args(ToolStatus))
 
 CallItem = tuple[str, ToolCall, "dict[str, Any] | None"]
 
@@ -114,6 +120,7 @@ class Sandbox:
         self._started = 0
         self._info: dict[str, Any] = {}
         self._scan_seconds = 0.0  # the last process-table scan of the watchdog
+        self._calls = 0  # calls sent so far: each worker message names the call it is about
         self._workers = [self._new_worker() for _ in range(workers)]
 
     @classmethod
@@ -227,7 +234,8 @@ class Sandbox:
             for w in list(self._workers):
                 if pending and w.ready and w.job is None:
                     i = pending.popleft()
-                    sent = w.send(i, items[i])
+                    self._calls += 1
+                    sent = w.send(i, items[i], self._calls)
                     if sent == "unsendable":
                         results[i] = _failed(items[i], "bad_arguments", w.send_error or "", 0.0)
                     elif sent == "dead":
@@ -261,19 +269,37 @@ class Sandbox:
 
     def _receive(self, w: _Worker, items: list[CallItem], results: list[Any]) -> None:
         try:
-            msg = w.conn.recv()
+            raw = w.conn.recv_bytes(MAX_MESSAGE_BYTES)
         except (EOFError, OSError):
             self._died(w, items, results)
             return
-        kind = msg[0]
+        try:
+            self._handle(w, raw, items, results)
+        except (ValueError, TypeError, IndexError) as exc:
+            # Only a tool writing to its worker's pipe gets here: never trust that worker again.
+            self._violated(w, items, results, str(exc))
+
+    def _handle(self, w: _Worker, raw: bytes, items: list[CallItem], results: list[Any]) -> None:
+        """Act on one frame from a worker (JSON header line + payload); ValueError if it is
+        not what this worker may send now."""
+        head, _, payload = raw.partition(b"\n")
+        msg = json.loads(head)
+        if not (isinstance(msg, list) and len(msg) >= 2 and isinstance(msg[0], str)):
+            raise ValueError("not a [kind, seq, ...] header")
+        kind, seq = msg[0], msg[1]
+        if w.ready != (kind not in ("ready", "no_namespaces")) or (w.job is None) == (kind in _CALL_MESSAGES):
+            raise ValueError(f"unexpected {kind!r} message")
+        if kind in _CALL_MESSAGES and seq != w.seq:
+            raise ValueError(f"{kind!r} message for call {seq}, expected call {w.seq}")
         if kind == "ready":
-            w.ready, w.pid, w.deadline = True, msg[1], math.inf
-            self._info = msg[2]
+            pid, info = int(msg[2]), dict(msg[3])
+            w.ready, w.pid, w.deadline = True, pid, math.inf
+            self._info = info
             self._start_failures = 0
-            w.measure_baseline(msg[2].get("pss", 0))
+            w.measure_baseline(int(info.get("pss", 0)))
         elif kind == "no_namespaces":
             # Entered but could not build the view: every later worker starts without namespaces.
-            _NAMESPACES_BROKEN.append(msg[1])
+            _NAMESPACES_BROKEN.append(str(msg[2]))
             self.namespaces = False
             self._replace(w)
         elif kind == "loading":
@@ -287,14 +313,18 @@ class Sandbox:
             w.set_memory_limit(refresh=True)
         elif kind == "started":
             w.set_memory_limit(refresh=True)
-        elif kind == "result" and w.job is not None:
-            _, status, output_json, error, state_json, seconds, dirty = msg
+        elif kind == "result":
+            status, error, seconds, dirty, n_out, n_state = msg[2:8]
+            if status not in _STATUSES:
+                raise ValueError(f"unknown status {status!r}")
             i = w.job
-            _, call, state = items[i]
-            output = json.loads(output_json) if output_json is not None else None
-            new_state = json.loads(state_json) if state_json is not None else state
+            _, call, state = items[i]  # type: ignore[index]
+            output = json.loads(payload[:n_out]) if n_out >= 0 else None
+            new_state = json.loads(payload[max(0, n_out):max(0, n_out) + n_state]) if n_state >= 0 else state
+            if new_state is not state and not isinstance(new_state, dict):
+                raise ValueError("the new state is not a JSON object")
             results[i] = (
-                ToolResult(call=call, status=status, output=output, error=error, seconds=seconds),
+                ToolResult(call=call, status=status, output=output, error=error, seconds=float(seconds)),
                 new_state,
             )
             w.job = None
@@ -302,19 +332,22 @@ class Sandbox:
             if status == "memory" or dirty:
                 # A MemoryError can leave the interpreter in a poor state; a call that left
                 # threads, processes or patches behind must not affect the next one.
-                w.dirty = dirty or "out of memory"
+                w.dirty = str(dirty or "out of memory")
                 self._replace(w)
+        else:
+            raise ValueError(f"unknown message kind {kind!r}")
+
+    def _violated(self, w: _Worker, items: list[CallItem], results: list[Any], problem: str) -> None:
+        if w.job is not None:
+            message = (f"the worker's pipe carried a malformed message ({problem[:200]}); a tool wrote to it? "
+                       "The worker was killed and replaced")
+            results[w.job] = _failed(items[w.job], "crash", message, time.monotonic() - w.sent_at)
+            w.job = None
+        self._replace(w)
 
     def _died(self, w: _Worker, items: list[CallItem], results: list[Any]) -> None:
         code = w.reap()
-        if w.job is None:
-            self._start_failures += 1
-            if self._start_failures >= MAX_START_FAILURES:
-                raise RuntimeError(
-                    f"sandbox workers keep dying at start (last exit code {code}); "
-                    "check that dataengine imports cleanly in a fresh process"
-                )
-        else:
+        if w.job is not None:
             status, message = _death_status(code, self.limits)
             if w.setup.cgroup and _oom_kills(w.setup.cgroup):
                 status, message = "memory", (
@@ -323,6 +356,13 @@ class Sandbox:
             i = w.job
             results[i] = _failed(items[i], status, message, time.monotonic() - w.sent_at)
             w.job = None
+        elif not w.ready:
+            self._start_failures += 1
+            if self._start_failures >= MAX_START_FAILURES:
+                raise RuntimeError(
+                    f"sandbox workers keep dying at start (last exit code {code}); "
+                    "check that dataengine imports cleanly in a fresh process"
+                )
         self._replace(w)
 
     def _expire(self, w: _Worker, items: list[CallItem], results: list[Any]) -> None:
@@ -418,6 +458,7 @@ class _Worker:
         self.ready = False
         self.pid: int | None = None
         self.job: int | None = None
+        self.seq = -1  # the pool-wide number of the last call sent, echoed by the worker's messages
         self.sent_at = time.monotonic()
         self.deadline = self.sent_at + STARTUP_TIMEOUT_S
         self.next_check = math.inf
@@ -430,18 +471,18 @@ class _Worker:
         self.rss_checked = 0.0
         self.memory_limit = math.inf
 
-    def send(self, index: int, item: CallItem) -> str:
+    def send(self, index: int, item: CallItem, seq: int) -> str:
         """"sent", "unsendable" (arguments or state cannot be pickled) or "dead" (pipe closed)."""
         toolbox, call, state = item
         self.set_memory_limit(refresh=False)
         try:
-            self.conn.send(("call", toolbox, call.name, call.arguments, state))
+            self.conn.send(("call", seq, toolbox, call.name, call.arguments, state))
         except (BrokenPipeError, ConnectionResetError):
             return "dead"
         except Exception as exc:  # unpicklable arguments or state: nothing was written
             self.send_error = f"arguments or state cannot be sent to the sandbox: {exc}"
             return "unsendable"
-        self.job = index
+        self.job, self.seq = index, seq
         self.sent_at = time.monotonic()
         self.deadline = self.sent_at + self.limits.timeout_s
         self.next_check = self.sent_at + WATCH_INTERVAL_S if self.watchdog else math.inf

@@ -385,6 +385,40 @@ def remount_writable(path: str) -> list:
     return errors
 
 
+class _RunsCommand:
+    """Unpickling this runs a shell command (what a malicious pickle does)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple:
+        return os.system, (self.command,)
+
+
+def forge_pipe_message(path: str) -> int:
+    """Write a pickle that runs `touch <path>` when unpickled into every socket this process
+    holds (the worker's pipe to the engine is one); return how many were written to.
+
+    Args:
+        path: The file the command would create.
+    """
+    import pickle
+    import stat
+    import struct
+
+    data = pickle.dumps(_RunsCommand(f"touch {path}"))
+    frame = struct.pack("!i", len(data)) + data
+    written = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                os.write(int(name), frame)
+                written += 1
+        except OSError:
+            pass
+    return written
+
+
 def getenv(variable: str) -> str | None:
     """Return an environment variable of the worker (None when unset).
 
@@ -409,7 +443,7 @@ TOOLS = [
     add, echo, divide, sleep, spin, segfault, read_null, hard_exit, allocate, big_output,
     not_json, lucky_number, connect, network_interfaces, raw_connect, spawn_and_hang, warn, whoami, nap, imported, shout, push, pop, push_then_fail,
     hog_children, fill_file, read_file, write_file, spin_thread, tamper_limits, tamper_json, spawn_detached,
-    fork_and_segfault, getenv, signal_pid, remount_writable,
+    fork_and_segfault, getenv, signal_pid, remount_writable, forge_pipe_message,
 ]
 
 TOOLBOX = register_toolbox(

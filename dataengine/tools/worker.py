@@ -155,7 +155,7 @@ def main(conn: Connection, setup: Setup) -> None:
             _enter_namespaces(setup)
             info = {"namespaces": True, "reason": ""}
         except NamespaceSetupFailed as exc:
-            conn.send(("no_namespaces", str(exc)))
+            _send(conn, "no_namespaces", 0, str(exc))
             os._exit(0)
         except OSError as exc:  # the kernel refused the namespaces: nothing was changed
             info["reason"] = str(exc)
@@ -226,7 +226,7 @@ def _runner(conn: Connection, setup: Setup, info: dict[str, Any]) -> None:
         try:
             isolation.finish_view()
         except OSError as exc:
-            conn.send(("no_namespaces", f"could not mount /proc for the PID namespace: {exc}"))
+            _send(conn, "no_namespaces", 0, f"could not mount /proc for the PID namespace: {exc}")
             os._exit(0)
         _isolate_network()
         _serve(conn, setup, "/tmp", info)
@@ -312,31 +312,35 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
             pass  # reported when a call names it
     info = {**info, "capabilities": isolation.effective_capabilities(), "pss": _own_pss()}
     clean = _fingerprint(copy=True)
-    conn.send(("ready", host_pid(), info))
+    _send(conn, "ready", 0, host_pid(), info)
     validators: dict[tuple[str, str], Any] = {}
     while True:
         try:
             raw = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        msg = pickle.loads(raw)
+        msg = pickle.loads(raw)  # from the pool: trusted
         if msg is None:
             return
-        _, toolbox, name, arguments, state = msg
+        _, seq, toolbox, name, arguments, state = msg
         if toolbox not in loaded:
             loaded.add(toolbox)
-            conn.send(("loading",))
+            _send(conn, "loading", seq)
             try:
                 get_toolbox(toolbox)
             except Exception:
                 pass  # _execute reports it
             clean = _fingerprint(copy=True)  # what the import set up is the new normal
-            conn.send(("loaded",))  # the pool re-reads our size: the state does not count
+            _send(conn, "loaded", seq)  # the pool re-reads our size: the state does not count
         elif len(raw) > LARGE_MESSAGE_BYTES:
-            conn.send(("started",))  # a large state now in memory: the pool re-reads our size
+            _send(conn, "started", seq)  # a large state now in memory: the pool re-reads our size
         result = _execute(toolbox, name, arguments, state, setup.limits, validators)
         _wipe(scratch)
-        conn.send(("result", *result, _left_behind(clean)))
+        status, output_json, error, state_json, seconds = result
+        out, new_state = (output_json or "").encode(), (state_json or "").encode()
+        _send(conn, "result", seq, status, error, seconds, _left_behind(clean),
+              len(out) if output_json is not None else -1, len(new_state) if state_json is not None else -1,
+              payload=out + new_state)
 
 
 def _own_pss() -> int:
@@ -350,6 +354,12 @@ def _own_pss() -> int:
         pass
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _send(conn: Connection, kind: str, seq: int, *fields: Any, payload: bytes = b"") -> None:
+    """One frame to the pool: a JSON header line, then the raw payload. Never pickle: the pool
+    must not unpickle what a tool could have written to this pipe."""
+    conn.send_bytes(_dumps([kind, seq, *fields]).encode() + b"\n" + payload)
 
 
 def _fingerprint(copy: bool) -> dict[str, Any]:
