@@ -21,14 +21,14 @@ def server(tmp_path_factory):
 
 def test_flow_runs_on_the_server_with_its_artifact(server, tmp_path):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
     from flows.generate import run_generate
 
     result = run_generate(tiny_config(tmp_path / "store"), run_id="on-server")
     assert [s["trees"] for s in result["shards"]] == [2]
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["generate mcts"])))
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["generate"])))
         assert runs and all(r.state.is_completed() for r in runs)
         artifact = client.read_latest_artifacts()
         assert any(a.key == "generate-on-server" for a in artifact)
