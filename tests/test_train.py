@@ -11,6 +11,7 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import polars as pl
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -170,6 +171,28 @@ def test_store_pairs_with_behaviour_logprobs_and_filters(tmp_path):
     assert all(r["ref_chosen_logps"] == -20.0 for r in data.rows)
     assert data.rows[0]["chosen"] == [{"role": "assistant", "content": "", "tool_calls": [TEXT_CALL]}]
     assert len(load_training_data("preference", store=store, min_margin=1.0)) == 2
+
+
+def test_store_training_data_filters_runs_and_suites(tmp_path):
+    """`dataengine train dpo --store S --run R --suite X` trains on those rows, not the whole store."""
+    from typer.testing import CliRunner
+
+    from dataengine.cli import app
+
+    store = _store_with_pairs_and_replay(tmp_path / "store")
+    other = [dict(r) for r in store.pairs().filter(pl.col("pair_id") == "p0").collect().drop("run_id", "shard_id").to_dicts()]
+    unit_prompt = json.dumps([{"role": "user", "content": "Convert 3 km to miles."}])
+    store.append("pairs", [{**other[0], "pair_id": "o0", "suite": "units", "prompt_json": unit_prompt}], run_id="r2",
+                 shard_id="s0")
+    assert len(load_training_data("preference", store=store)) == 4
+    assert len(load_training_data("preference", store=store, run_ids=["r1"])) == 3
+    assert len(load_training_data("preference", store=store, suites=["units"])) == 1
+    with pytest.raises(TrainingDataError, match="no pairs rows left"):
+        load_training_data("preference", store=store, run_ids=["r2"], suites=["arithmetic"])
+    with pytest.raises(TrainingDataError, match="run and suite filters"):
+        load_training_data("preference", tmp_path / "x.parquet", run_ids=["r1"])
+    bad = CliRunner().invoke(app, ["train", "dpo", "--store", str(tmp_path / "nowhere"), "--out", str(tmp_path / "c")])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output and "nowhere" in bad.output
 
 
 def test_store_replay_drops_zero_variance_prompts(tmp_path):

@@ -31,6 +31,8 @@ _MAXLEN = typer.Option(1024, "--max-length", help="Longest tokenized training se
 _LIMIT = typer.Option(None, "--limit", help="Use at most this many rows.")
 _DEVICE = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 _RUN = typer.Option(None, "--run-id", help="Run id of the models row.")
+_FROM_RUN = typer.Option(None, "--run", help="Store only: train on rows of this run (repeat for several).")
+_SUITE = typer.Option(None, "--suite", help="Store only: train on rows of this suite (repeat for several).")
 
 
 def _open_store(path: Optional[Path]) -> Any:
@@ -111,12 +113,14 @@ def dpo_command(
     min_margin: Optional[float] = typer.Option(None, "--min-margin", help="Store only: pairs with margin >= this."),
     lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
     limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
+    run: Optional[list[str]] = _FROM_RUN, suite: Optional[list[str]] = _SUITE,
 ) -> None:
     """Offline DPO on step and/or trajectory preference pairs."""
     from dataengine.config import DPOTrainConfig
 
     st = _open_store(store)
     rows = _load("preference", data, st, pair_kind=pair_kind, min_margin=min_margin, behaviour_ref=behaviour_ref,
+                 run_ids=run, suites=suite,
                  limit=limit)
     config = _config(DPOTrainConfig, **_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length,
                                                device, run_id, lr), beta=beta, loss_type=loss_type,
@@ -131,12 +135,13 @@ def sft_command(
     lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 2e-5)."),
     lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
     limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
+    run: Optional[list[str]] = _FROM_RUN, suite: Optional[list[str]] = _SUITE,
 ) -> None:
     """Rejection-sampling SFT with the loss on assistant tokens only."""
     from dataengine.config import SFTTrainConfig
 
     st = _open_store(store)
-    rows = _load("sft", data, st, limit=limit)
+    rows = _load("sft", data, st, limit=limit, run_ids=run, suites=suite)
     config = _config(SFTTrainConfig, **_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length,
                                                device, run_id, lr))
     _train("sft", config, rows, st)
@@ -155,12 +160,14 @@ def grpo_command(
                                             help="Store only: skip prompts with p_success 0 or 1."),
     lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
     limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
+    run: Optional[list[str]] = _FROM_RUN, suite: Optional[list[str]] = _SUITE,
 ) -> None:
     """Online GRPO: rollouts call tools through the sandboxed ToolEnv, rewards from the verifiers."""
     from dataengine.config import GRPOTrainConfig
 
     st = _open_store(store)
-    rows = _load("prompt", data, st, drop_zero_variance=drop_zero_variance and data is None, limit=limit)
+    rows = _load("prompt", data, st, drop_zero_variance=drop_zero_variance and data is None, limit=limit,
+                 run_ids=run, suites=suite)
     values = _common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length, device, run_id, lr)
     values.setdefault("batch_size", num_generations)
     config = _config(GRPOTrainConfig, **values, num_generations=num_generations,
@@ -205,3 +212,29 @@ def chain_command(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(train_app, name="train")
+
+
+@train_app.command("value")
+def value_command(
+    store: Path = typer.Option(..., "--store", help="Store root holding the runs' nodes and tasks."),
+    run: list[str] = typer.Option(..., "--run", help="Generate run id whose searched nodes to fit on (repeat for several)."),
+    model: str = typer.Option(..., "--model", help="Policy the head is for: 'smollm2', 'tiny' or a checkpoint folder."),
+    out: Path = typer.Option(..., "--out", help="Value head file to write (e.g. value.pt)."),
+    l2: float = typer.Option(1.0, "--l2", min=0.0, help="Ridge penalty."),
+    min_visits: int = typer.Option(2, "--min-visits", min=1,
+                                  help="Fit on nodes visited at least this often (1 also takes leaves valued once: the estimate itself)."),
+    batch_tokens: int = typer.Option(8192, "--batch-tokens", min=1, help="Padded tokens per feature forward pass."),
+    device: str = _DEVICE,
+) -> None:
+    """Fit a value head (ridge on the policy's last hidden state) on the backed-up values of the
+    runs' non-terminal nodes; use it with `dataengine generate --value value_model --value-model OUT`."""
+    from dataengine.policy import policy_from_config
+    from dataengine.values import fit_value_head, run_policy_config
+
+    st = _open_store(store)
+    try:
+        policy = policy_from_config(run_policy_config(st, run, model, device))
+        summary = fit_value_head(st, run, policy, out, l2=l2, min_visits=min_visits, max_batch_tokens=batch_tokens)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(json.dumps(summary, indent=1, sort_keys=True))

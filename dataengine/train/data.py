@@ -80,6 +80,8 @@ def load_training_data(
     behaviour_ref: bool = False,
     drop_zero_variance: bool = False,
     limit: int | None = None,
+    run_ids: list[str] | None = None,
+    suites: list[str] | None = None,
 ) -> TrainingData:
     """Rows for one trainer from a file/folder (`source`) or from the store (`store`).
 
@@ -91,15 +93,16 @@ def load_training_data(
     drop_zero_variance: replay only: drop prompts whose p_success is 0 or 1 (every sample would
         get the same reward, so GRPO's group advantage is zero and they teach nothing).
     limit: keep the first `limit` rows after filtering.
+    run_ids, suites: store only: rows of these runs / suites (None: all).
     """
     spec = _spec(kind)
     if (source is None) == (store is None):
         raise TrainingDataError("give exactly one data source: a dataset file/folder or a store")
     where = str(source) if source is not None else f"store table {spec.table!r}"
-    if source is not None and (pair_kind is not None or min_margin is not None):
+    if source is not None and (pair_kind is not None or min_margin is not None or run_ids or suites):
         raise TrainingDataError(
-            f"{where}: pair_kind / min_margin filter the store's pairs table; exported files are already "
-            "filtered (use `dataengine export pairs --kind/--min-margin`, or train with --store)"
+            f"{where}: pair kind, margin, run and suite filters apply to the store's tables; exported files are "
+            "already filtered (use `dataengine export ... --kind/--min-margin/--run-id/--suite`, or train with --store)"
         )
     if store is not None:
         raw, versions = _read_store(
@@ -109,6 +112,8 @@ def load_training_data(
             min_margin=min_margin,
             behaviour_ref=behaviour_ref,
             drop_zero_variance=drop_zero_variance,
+            run_ids=run_ids,
+            suites=suites,
         )
     else:
         raw, versions = _read_files(Path(source))
@@ -228,6 +233,8 @@ def _read_store(
     min_margin: float | None,
     behaviour_ref: bool,
     drop_zero_variance: bool,
+    run_ids: list[str] | None = None,
+    suites: list[str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows of the pairs / sft / replay table at its current Delta version, in trainer format,
     through the store's own export (same filters and exact dedup as `dataengine export`)."""
@@ -238,6 +245,8 @@ def _read_store(
             f"the store at {getattr(store, 'root', store)} has no {spec.table!r} table yet; generate and derive data first"
         )
     filters = ExportFilters(
+        run_ids=list(run_ids) if run_ids else None,
+        suites=list(suites) if suites else None,
         kinds=[pair_kind] if pair_kind else None,
         min_margin=min_margin,
         # GRPO learns nothing from prompts the policy always or never solves (zero group variance).
