@@ -125,3 +125,22 @@ def test_unknown_suffix_and_missing_file(tmp_path, tasks):
 def test_save_rejects_non_tasks(tmp_path):
     with pytest.raises(TypeError, match="item 0 is a dict"):
         save_tasks([{"id": "x"}], tmp_path / "t.jsonl")
+
+
+def test_unknown_toolbox_fails_at_load(tmp_path, tasks):
+    """A task naming a toolbox nobody registered is refused when the file is read (before a
+    model loads or a run is recorded), naming the line and the field."""
+    from typer.testing import CliRunner
+
+    from dataengine.cli import app
+
+    path = tmp_path / "t.jsonl"
+    rows = [json.loads(t.model_dump_json()) for t in tasks[:2]]
+    rows[1]["toolbox"] = "nosuchbox"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(TaskFileError, match=r"line 2.*toolbox.*nosuchbox"):
+        load_tasks(path)
+    out = CliRunner().invoke(app, ["generate", "--task-file", str(path), "--model", "tiny", "--store",
+                                   str(tmp_path / "s"), "--no-progress"])
+    assert out.exit_code == 2 and "nosuchbox" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "s" / "runs").exists()

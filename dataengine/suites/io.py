@@ -85,12 +85,24 @@ def load_tasks(path: Path | str) -> list[Task]:
     if not path.is_file():
         raise TaskFileError(path, "task file not found" if not path.exists() else "not a file")
     tasks, places = _load_jsonl(path) if suffix == ".jsonl" else _load_parquet(path)
+    from dataengine.tools.registry import get_toolbox
+
     seen: dict[str, str] = {}
+    toolboxes: dict[str, str | None] = {}
     for task, place in zip(tasks, places):
         if task.id in seen:
             raise TaskFileError(path, f"duplicate task id {task.id!r} (first seen at {seen[task.id]})",
                                 field="id", **place)
         seen[task.id] = " ".join(f"{k} {v}" for k, v in place.items())
+        # An unknown toolbox fails here, before a model loads or a run is recorded.
+        if task.toolbox not in toolboxes:
+            try:
+                get_toolbox(task.toolbox)
+                toolboxes[task.toolbox] = None
+            except (KeyError, ImportError, ValueError) as exc:
+                toolboxes[task.toolbox] = str(exc.args[0] if exc.args else exc)
+        if toolboxes[task.toolbox] is not None:
+            raise TaskFileError(path, toolboxes[task.toolbox], field="toolbox", **place)
     return tasks
 
 
