@@ -7,7 +7,9 @@
   A, B, C, ... and the probability it gives to each label as the answer ranks them; rank ->
   score in [0, 1]. Optional `debias` also scores the reversed order (small models prefer "A").
 - `ValueModel`: a ridge-regression head on the frozen policy model's last hidden state, fitted
-  on Q targets (for instance the `nodes` table's `q` column with `messages_json`).
+  on the backed-up values of searched nodes (`store_q_targets`, `fit_value_head`; the command is
+  `dataengine train value`). It renders states with the policy's own `encode` at fit and use,
+  and refuses a policy whose model or tokenizer differs from the one it was fitted over.
 - `mix_q`: Q = a * Q_mcts + (1 - a) * Q_critic (SearchConfig.critic_mix is `a`).
 """
 
@@ -23,7 +25,7 @@ import torch
 
 from dataengine.episodes import Sampler, run_episodes
 from dataengine.policy.base import Conversation, Policy
-from dataengine.types import Episode, Message, ToolSpec
+from dataengine.types import Episode, Message, Task
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -203,84 +205,230 @@ def _calls_text(message: Message) -> str:
 
 
 class ValueModel:
-    """A value head on the frozen policy model: ridge regression from the last prompt token's
-    final hidden state `[hidden]` to Q. Fitted in closed form (deterministic, seconds on CPU).
+    """A value head on a frozen hf policy: ridge regression from the final hidden state (after
+    the last norm) at the last prompt token, `[hidden]`, to the state's value. Fitted in closed
+    form (deterministic, seconds on CPU once the features are computed).
 
-    model, tokenizer: the causal LM (its hidden states are the features) and its tokenizer.
-    l2: ridge penalty. Predictions are clipped to the range of the training targets.
+    policy: an hf-backend policy (`HFPolicy`): its model gives the features and its own
+        `encode` renders each state, so the head reads exactly the prompt tokens the policy
+        samples from (same chat template, same tools listing) at fit and at use.
+    l2: ridge penalty (the bias is not penalised). Predictions are clipped to the range of
+        the training targets.
+    max_batch_tokens: padded tokens per forward pass of the feature extraction.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, l2: float = 1.0, batch_size: int = 16):
-        self.model, self.tokenizer, self.l2, self.batch_size = model, tokenizer, l2, batch_size
+    def __init__(self, policy: Policy, *, l2: float = 1.0, max_batch_tokens: int = 8192):
+        if not hasattr(policy, "model") or not hasattr(policy, "encode"):
+            raise TypeError(f"a value head needs an hf-backend policy (its model's hidden states); got {type(policy).__name__}")
+        if l2 < 0 or max_batch_tokens < 1:
+            raise ValueError(f"l2 must be >= 0 and max_batch_tokens >= 1, got {l2} and {max_batch_tokens}")
+        self.policy, self.l2, self.max_batch_tokens = policy, l2, max_batch_tokens
+        self.model, self.tokenizer = policy.model, policy.tokenizer  # type: ignore[attr-defined]
         self.weight: torch.Tensor | None = None  # [hidden + 1] (last entry is the bias)
         self.low, self.high = 0.0, 1.0
+        self.info: dict[str, Any] = {}
+
+    def encode(self, state: Conversation) -> list[int]:
+        """The prompt token ids of `state`: the policy's own rendering (its `encode`)."""
+        return list(self.policy.encode(state))  # type: ignore[attr-defined]
+
+    def render(self, state: Conversation) -> str:
+        """The text the head reads for `state` (the decoded `encode`)."""
+        return self.tokenizer.decode(self.encode(state))
 
     @torch.no_grad()
     def features(self, states: Sequence[Conversation]) -> torch.Tensor:
-        """`[len(states), hidden]` final-layer hidden state at the last prompt token."""
-        rows = []
+        """`[len(states), hidden]` final hidden state at the last prompt token.
+
+        States are sorted by length and packed into batches of at most `max_batch_tokens`
+        padded tokens, right-padded: a causal model's real tokens never see the padding, so
+        a state's features do not depend on the batch it lands in.
+        """
+        ids = [self.encode(s) for s in states]
+        body = self.model.base_model  # the decoder without the LM head: no [T, vocab] logits
         device = next(self.model.parameters()).device
-        for start in range(0, len(states), self.batch_size):
-            batch = states[start : start + self.batch_size]
-            ids = [
-                list(self.tokenizer.apply_chat_template(c.chat(), tools=c.openai_tools(), add_generation_prompt=True, tokenize=True, return_dict=False))
-                for c in batch
-            ]
-            width = max(len(i) for i in ids)
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=device)
-            mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
-            out = self.model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
-            rows.append(out.hidden_states[-1][:, -1].float().cpu())
-        return torch.cat(rows)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        out = torch.zeros(len(ids), self.model.config.hidden_size)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        start = 0
+        while start < len(order):
+            width = len(ids[order[start]])
+            rows = max(1, self.max_batch_tokens // max(1, width))
+            batch = order[start : start + rows]
+            start += len(batch)
+            input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for r, i in enumerate(batch):
+                input_ids[r, : len(ids[i])] = torch.tensor(ids[i])
+                mask[r, : len(ids[i])] = 1
+            hidden = body(input_ids=input_ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+            last = torch.tensor([len(ids[i]) - 1 for i in batch], device=device)
+            out[batch] = hidden[torch.arange(len(batch), device=device), last].float().cpu()
+        return out
 
     def fit(self, states: Sequence[Conversation], targets: Sequence[float]) -> dict[str, float]:
-        """Fit on (state, Q) pairs; returns the training mean squared error and count."""
+        """Fit on (state, value) pairs. Returns n, the training mean squared error `mse` and
+        `baseline_mse` (predicting the mean target) to compare it with."""
         if len(states) != len(targets) or not states:
             raise ValueError(f"fit needs as many targets as states (and at least one): {len(states)} vs {len(targets)}")
-        x = self.features(states).double()
-        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+        x = _with_bias(self.features(states))
         y = torch.tensor(list(targets), dtype=torch.float64)
         eye = torch.eye(x.shape[1], dtype=x.dtype)
         eye[-1, -1] = 0.0  # the bias is not penalised
         self.weight = torch.linalg.solve(x.T @ x + self.l2 * eye, x.T @ y)
         self.low, self.high = float(y.min()), float(y.max())
         mse = float(((x @ self.weight).clamp(self.low, self.high) - y).pow(2).mean())
-        return {"mse": mse, "n": float(len(y))}
+        return {"n": float(len(y)), "mse": mse, "baseline_mse": float((y - y.mean()).pow(2).mean())}
 
     def predict(self, states: Sequence[Conversation]) -> list[float]:
+        """`[len(states)]` values, clipped to the training targets' range."""
         if self.weight is None:
             raise RuntimeError("ValueModel is not fitted: call fit() or load() first")
-        x = self.features(states).double()
-        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
-        return (x @ self.weight).clamp(self.low, self.high).tolist()
+        if not states:
+            return []
+        return (_with_bias(self.features(states)) @ self.weight).clamp(self.low, self.high).tolist()
 
-    def save(self, path: str | Path) -> None:
+    def identity(self) -> dict[str, str]:
+        """What the head is tied to: the policy's model id and its tokenizer's identity."""
+        return {"model_id": self.policy.model_id, "tokenizer_id": tokenizer_id(self.tokenizer)}
+
+    def save(self, path: str | Path, info: dict[str, Any] | None = None) -> None:
+        """Write the head with `identity()` and `info` (JSON-able facts: runs, counts, errors)."""
         if self.weight is None:
             raise RuntimeError("nothing to save: the ValueModel is not fitted")
-        from dataengine.models import model_id
-
-        torch.save({"weight": self.weight, "low": self.low, "high": self.high, "l2": self.l2, "model_id": model_id(self.model)}, path)
+        self.info = dict(info or {})
+        torch.save({"weight": self.weight, "low": self.low, "high": self.high, "l2": self.l2,
+                    "info_json": json.dumps(self.info, sort_keys=True), **self.identity()}, path)
 
     def load(self, path: str | Path) -> ValueModel:
-        from dataengine.models import model_id
-
-        saved = torch.load(path, weights_only=True)
-        if saved["model_id"] != model_id(self.model):
-            raise ValueError(f"value head {path} was fitted on {saved['model_id']}, not on {model_id(self.model)}")
-        self.weight, self.low, self.high, self.l2 = saved["weight"], saved["low"], saved["high"], saved["l2"]
+        """Read a head written by `save`; refused (ValueError naming both sides) when it was
+        fitted over another model or another tokenizer / chat template."""
+        if not Path(path).is_file():
+            raise ValueError(f"value head {path} is not a file (fit one with `dataengine train value`)")
+        try:
+            saved = torch.load(path, weights_only=True)
+            weight, low, high, l2 = saved["weight"], saved["low"], saved["high"], saved["l2"]
+        except Exception as exc:  # a foreign or damaged file
+            raise ValueError(f"value head {path} is not a ValueModel head: {exc}".splitlines()[0]) from None
+        mine = self.identity()
+        theirs = {k: saved.get(k) for k in mine}
+        if theirs != mine:
+            raise ValueError(
+                f"value head {path} was fitted over model {theirs['model_id']} with tokenizer {theirs['tokenizer_id']}, "
+                f"not over this policy's model {mine['model_id']} with tokenizer {mine['tokenizer_id']}; "
+                "refit it with `dataengine train value`"
+            )
+        self.weight, self.low, self.high, self.l2 = weight, float(low), float(high), float(l2)
+        self.info = json.loads(saved.get("info_json") or "{}")
         return self
 
 
-def q_targets_from_nodes(rows: Iterable[dict[str, Any]], tools: Sequence[ToolSpec] = ()) -> tuple[list[Conversation], list[float]]:
-    """(states, Q) from `nodes` table rows (dicts with `messages_json` and `q`, e.g.
-    `store.scan("nodes").select("messages_json", "q").collect().to_dicts()`); rows without Q
-    are skipped. The state is the conversation after the node's action and observations."""
+def _with_bias(x: torch.Tensor) -> torch.Tensor:
+    """`[n, hidden]` -> `[n, hidden + 1]` float64 with a column of ones."""
+    x = x.double()
+    return torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+
+
+def tokenizer_id(tokenizer: Any) -> str:
+    """16 hex chars naming how a tokenizer turns a state into ids: its vocabulary (token -> id,
+    added tokens included), special tokens and chat template (which holds the prompt options)."""
+    from dataengine.types import stable_hash
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return stable_hash({
+        "vocab": vocab,
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "chat_template": getattr(tokenizer, "chat_template", None) or "",
+    })
+
+
+# ---------------------------------------------------------------------------- training data
+
+
+def state_conversation(messages: Sequence[Message], task: Task) -> Conversation:
+    """The state the search values: its messages and the task's tools (as the search shows them)."""
+    return Conversation(messages, task.tools)
+
+
+def q_targets_from_nodes(
+    rows: Iterable[dict[str, Any]], tasks: Iterable[dict[str, Any]], *, min_visits: int = 1
+) -> tuple[list[Conversation], list[float]]:
+    """(states, values) to fit a head on, from `nodes` and `tasks` table rows.
+
+    rows: dicts with run_id, task_id, messages_json, q, reward, terminal and visits (e.g.
+        `store.nodes().collect().to_dicts()`); tasks: dicts with run_id, task_id, task_json.
+    Each state is the node's conversation with its task's tools (`state_conversation`, what the
+    search renders). The target is the node's backed-up value V = q - reward (q is
+    Q(parent, action) = reward + V; the root's q is its V). Skipped: terminal nodes (the search
+    never asks for their value), nodes with fewer than `min_visits` visits, rows without q.
+    """
+    known: dict[tuple[str, str], Task] = {}
+    for t in tasks:
+        known[(t["run_id"], t["task_id"])] = Task.model_validate_json(t["task_json"])
     states, targets = [], []
     for row in rows:
-        if row.get("q") is None or not row.get("messages_json"):
+        if row.get("q") is None or not row.get("messages_json") or row.get("terminal"):
             continue
+        if (row.get("visits") or 0) < min_visits:
+            continue
+        task = known.get((row.get("run_id"), row.get("task_id")))
+        if task is None:
+            raise ValueError(f"node {row.get('node_id')} of run {row.get('run_id')!r} names task {row.get('task_id')!r}, "
+                             "which is not in the tasks rows")
         messages = [Message.model_validate(m) for m in json.loads(row["messages_json"])]
-        states.append(Conversation(messages, tools))
-        targets.append(float(row["q"]))
+        states.append(state_conversation(messages, task))
+        targets.append(float(row["q"]) - float(row.get("reward") or 0.0))
     return states, targets
+
+
+def store_q_targets(store: Any, runs: Sequence[str], *, min_visits: int = 1) -> tuple[list[Conversation], list[float]]:
+    """`q_targets_from_nodes` over the committed nodes and tasks of `runs` in a storage.Store."""
+    import polars as pl
+
+    if not runs:
+        raise ValueError("name at least one run to fit a value head on")
+    wanted = pl.col("run_id").is_in(list(runs))
+    nodes = store.scan_or_empty("nodes").filter(wanted).select(
+        "run_id", "task_id", "node_id", "messages_json", "q", "reward", "terminal", "visits").collect()
+    missing = sorted(set(runs) - set(nodes["run_id"].to_list()))
+    if missing:
+        have = sorted(set(store.scan_or_empty("nodes").select("run_id").collect()["run_id"].to_list()))
+        raise ValueError(f"run(s) {', '.join(missing)} have no search nodes in store {store.root} (runs with nodes: {', '.join(have) or 'none'})")
+    tasks = store.scan_or_empty("tasks").filter(wanted).select("run_id", "task_id", "task_json").collect()
+    return q_targets_from_nodes(nodes.to_dicts(), tasks.to_dicts(), min_visits=min_visits)
+
+
+def run_policy_config(store: Any, runs: Sequence[str], model: str, device: str = "auto") -> Any:
+    """The PolicyConfig to fit a head for `model`: the prompt settings (few_shot) the runs
+    searched with, so the head reads the prompts the search rendered; hf backend, `device`."""
+    import polars as pl
+
+    from dataengine.config import PolicyConfig
+
+    rows = store.scan_or_empty("runs").filter(pl.col("run_id").is_in(list(runs))).select("run_id", "config_json").collect()
+    settings = {}
+    for row in rows.to_dicts():
+        policy = json.loads(row["config_json"] or "{}").get("engine", {}).get("policy")
+        if policy is not None:
+            settings[row["run_id"]] = policy.get("few_shot", True)
+    if len(set(settings.values())) > 1:
+        raise ValueError(f"the runs searched with different prompts (policy.few_shot {settings}); fit one head per prompt")
+    few_shot = next(iter(settings.values()), True)
+    return PolicyConfig(backend="hf", model=model, device=device, few_shot=few_shot)
+
+
+def fit_value_head(store: Any, runs: Sequence[str], policy: Policy, out: str | Path, *, l2: float = 1.0,
+                   min_visits: int = 2, max_batch_tokens: int = 8192) -> dict[str, Any]:
+    """Fit a ValueModel over `policy` on the runs' visited nodes and save it to `out`.
+
+    min_visits: 2 by default, so each target backs up at least one simulation below the node
+    (a leaf visited once holds only the estimate the search gave it). Returns the summary
+    saved with the head: runs, n, mse, baseline_mse, min_visits, l2, model_id, tokenizer_id.
+    """
+    states, targets = store_q_targets(store, runs, min_visits=min_visits)
+    if not states:
+        raise ValueError(f"run(s) {', '.join(runs)} have no non-terminal node with >= {min_visits} visits to fit on")
+    head = ValueModel(policy, l2=l2, max_batch_tokens=max_batch_tokens)
+    info = {"runs": sorted(runs), "min_visits": min_visits, "l2": l2, **head.fit(states, targets)}
+    head.save(out, info)
+    return {**info, **head.identity(), "out": str(out)}

@@ -90,14 +90,14 @@ class Resources:
     @property
     def value_model(self) -> Any:
         """The value head of config.generate.value_model over the policy's model, or None; a
-        head fitted for another model is refused by ValueModel.load."""
+        head fitted for another model or tokenizer is refused by ValueModel.load."""
         path = self.config.generate.value_model
         if path is None:
             return None
         if self._value_model is None:
             from dataengine.values import ValueModel
 
-            self._value_model = ValueModel(self.policy.model, self.policy.tokenizer).load(path)
+            self._value_model = ValueModel(self.policy).load(path)
         return self._value_model
 
     def close(self) -> None:
