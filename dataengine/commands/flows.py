@@ -47,12 +47,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("report")
     def report(
-        run: Annotated[str, typer.Option("--run", help="Run id (a pipeline's run id covers all its rounds).")],
+        run: Annotated[list[str], typer.Option("--run", help="Run id; repeat for several (a generate run, a train "
+                                                "run, an eval run...). A pipeline's run id covers all its rounds.")],
         store: Annotated[Path, typer.Option("--store", help="Store folder.")] = Path("runs/store"),
         out: Annotated[Path, typer.Option("--out", help="Folder for report.html, report.md and the PNGs.")] = Path("runs/report"),
     ) -> None:
-        """Write an HTML (and markdown) report of a run: success by round and suite, reward and
-        value distributions, verifier pass rates, pair margins and a rendered search tree."""
+        """Write an HTML (and markdown) report of one or more runs, with the models trained on
+        their data and those models' evals: success by round and suite, evaluation, training
+        curves, reward and value distributions, verifier pass rates, datasets, pair margins,
+        checkpoints, and a solved and an unsolved search tree with action labels."""
         from dataengine.report import build_report
         from storage import Store, StoreError
 
