@@ -152,6 +152,8 @@ def main(conn: Connection, setup: Setup) -> None:
     info: dict[str, Any] = {"namespaces": False, "reason": "disabled (Sandbox(namespaces=False))"}
     if setup.namespaces:
         try:
+            # Kept to remove the (empty) mount point from the host once the worker is done.
+            _FDS["scratch_parent"] = os.open(os.path.dirname(setup.scratch), os.O_RDONLY | os.O_DIRECTORY)
             _enter_namespaces(setup)
             info = {"namespaces": True, "reason": ""}
         except NamespaceSetupFailed as exc:
@@ -161,16 +163,21 @@ def main(conn: Connection, setup: Setup) -> None:
             info["reason"] = str(exc)
     if not info["namespaces"]:
         _isolate_network()
-        _serve(conn, setup, setup.scratch, info)
+        try:
+            _serve(conn, setup, setup.scratch, info)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the engine is gone
+        shutil.rmtree(setup.scratch, ignore_errors=True)  # the pool does it too, unless it was killed
         os._exit(0)
     status_r, status_w = os.pipe()
     init = os.fork()
     if init == 0:
         os.close(status_r)
+        os.close(_FDS["scratch_parent"])
         _init(conn, setup, status_w, info)
     os.close(status_w)
     conn.close()
-    _mirror(init, status_r)
+    _mirror(init, status_r, os.path.basename(setup.scratch))
 
 
 def read_only_view(extra: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
@@ -230,15 +237,21 @@ def _runner(conn: Connection, setup: Setup, info: dict[str, Any]) -> None:
             os._exit(0)
         _isolate_network()
         _serve(conn, setup, "/tmp", info)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the engine is gone
     except BaseException:
         traceback.print_exc()
         os._exit(1)
     os._exit(0)
 
 
-def _mirror(init: int, status_r: int) -> None:
-    """W: wait for init, then exit the way the runner did."""
+def _mirror(init: int, status_r: int, scratch_name: str) -> None:
+    """W: wait for init, remove the mount point, then exit the way the runner did."""
     os.waitpid(init, 0)
+    try:
+        os.rmdir(scratch_name, dir_fd=_FDS["scratch_parent"])
+    except OSError:
+        pass
     text = os.read(status_r, 64)
     status = int(text) if text else 0
     if os.WIFSIGNALED(status):
