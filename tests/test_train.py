@@ -130,7 +130,7 @@ def test_bad_datasets_get_errors_naming_the_problem(tmp_path):
     good.write_text(json.dumps(pair(0)) + "\n")
     with pytest.raises(TrainingDataError, match="ref_chosen_logps"):
         load_training_data("preference", good, behaviour_ref=True)
-    with pytest.raises(TrainingDataError, match="store's pairs table"):
+    with pytest.raises(TrainingDataError, match="apply to the store's tables"):
         load_training_data("preference", good, pair_kind="step")
 
 

@@ -31,9 +31,7 @@ def make_sandbox(config: EngineConfig, toolboxes: Sequence[str]) -> Any:
     """A Sandbox with config.sandbox's limits, `toolboxes` preloaded in its workers."""
     from dataengine.tools.sandbox import Sandbox
 
-    sb = config.sandbox
-    return Sandbox(workers=sb.workers, timeout_s=sb.timeout_s, memory_mb=sb.memory_mb, cpu_s=sb.cpu_s,
-                   max_output_bytes=sb.max_output_bytes, preload=sorted(set(toolboxes)))
+    return Sandbox.from_config(config.sandbox, preload=sorted(set(toolboxes)))
 
 
 def open_store(path: Any, *, create: bool = True) -> Any:
