@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from dataengine.config import EngineConfig
@@ -33,6 +33,7 @@ def generate_shard(config: EngineConfig, run_id: str, index: int) -> dict[str, A
     """Shard `index` of the config's tasks, searched and committed (or skipped when committed);
     the counts plus model_id and verifier_versions for the run's lineage row."""
     from dataengine.stages.generate import generate_shard as run_stage, plan_generate
+    from dataengine.stages.progress import Progress
     from dataengine.stages.resources import open_store, shared_resources
 
     plan = plan_generate(config, run_id=run_id)
@@ -43,7 +44,9 @@ def generate_shard(config: EngineConfig, run_id: str, index: int) -> dict[str, A
         return {"shard_id": shard.shard_id, "skipped": True, "trees": 0}
     with accelerator_slot():
         res = shared_resources(config, plan.toolboxes)
-        result = run_stage(res, run_id, shard).as_dict()
+        label = f"{config.generate.method} shard {index}"
+        with Progress(len(shard.tasks), label, terminal=False, log=get_run_logger().info) as bar:
+            result = run_stage(res, run_id, shard, on_progress=bar.update).as_dict()
     return {**result, "model_id": res.policy.model_id, "verifier_versions": res.reward.versions()}
 
 

@@ -1,10 +1,11 @@
 """Progress of a stage over trees: a rich bar on a terminal, a log line every `every_s` seconds
-otherwise (output to a file, CI, a Prefect worker), each with the rate and an ETA."""
+otherwise (output to a file, CI, a Prefect task's run logger), each with the rate and an ETA."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Self
 
 FIELDS = ("trees_done", "simulations", "tokens", "successes")
@@ -17,12 +18,14 @@ class Progress:
     """
 
     def __init__(self, trees: int, label: str, *, enabled: bool = True, every_s: float = 30.0,
-                 terminal: bool | None = None) -> None:
+                 terminal: bool | None = None, log: Callable[[str], None] | None = None) -> None:
         self.trees, self.label, self.enabled, self.every_s = trees, label, enabled, every_s
         self.base = dict.fromkeys(FIELDS, 0)
         self.current = dict(self.base)
         self.started = self.last_line = time.perf_counter()
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        # Lines go to `log` when given (a Prefect run logger), else to stderr.
+        self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
         self.bar = None
         if enabled and self.terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -70,4 +73,4 @@ class Progress:
 
     def _line(self, final: bool = False) -> None:
         self.last_line = time.perf_counter()
-        print(self.line() + (" (done)" if final else ""), file=sys.stderr, flush=True)
+        self.log(self.line() + (" (done)" if final else ""))
