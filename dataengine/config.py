@@ -67,6 +67,26 @@ class SearchConfig(Section):
         20000, ge=1, description="generation budget per task, summed over all model calls"
     )
     trees_per_batch: int = Field(8, ge=1, description="B: trees searched together")
+    widening: bool = Field(
+        True, description="progressive widening: sample new candidates at a node whose candidates are all expanded, none successful"
+    )
+    widen_c: float = Field(2.0, gt=0, description="c of the widening cap k(N) = ceil(c * N^alpha) candidates at a node of N visits")
+    widen_alpha: float = Field(0.5, ge=0, le=1, description="alpha of the widening cap k(N) = ceil(c * N^alpha)")
+    max_actions: int = Field(
+        16, ge=1, description="K_max: action slots per node when widening (never fewer than num_actions)"
+    )
+    transpositions: bool = Field(
+        True, description="a node whose state equals an earlier node of its tree reuses that node's value estimate"
+    )
+    solved_policy: Literal["stop", "continue"] = Field(
+        "continue",
+        description="a tree with a verified success: stop (its unspent tokens go to the batch's unsolved trees) or continue",
+    )
+
+    @property
+    def action_slots(self) -> int:
+        """K of the tensor tree: max(max_actions, num_actions) with widening, else num_actions."""
+        return max(self.max_actions, self.num_actions) if self.widening else self.num_actions
 
 
 class RewardConfig(Section):

@@ -4,9 +4,12 @@ generate / derive / train / eval commands).
 `select_runs(store, runs)` joins:
 - the given runs' own rows (run_id equal to one of them or under it, `RUN/...`): trees,
   trajectories, derived pairs / sft / replay rows, models and evals written under those ids;
-- the models trained on their data: a models row whose dataset_versions_json names a store
-  table version ({"pairs": 7}) at which that table held rows of the given runs (what the trainer
-  read; a file exported with a run filter is credited to every run the table held then);
+- the models trained on their data. A model trained from an exported file
+  (dataset_versions_json {"file:/x.parquet": sha, "pairs": 7}) whose export lineage is still
+  readable is joined when the export's run filter names one of the runs (no filter: as below).
+  Otherwise a models row is joined when a store table version it names ({"pairs": 7}) held rows
+  of the runs: what a trainer reading the store took, unless it filtered the rows by run, which
+  the checkpoint does not record (then every run the table held is credited);
 - the models trained from those (parent_id chain, any depth) and the models evaluated in the
   given runs;
 - the evals of every joined model and of the models they started from (evals.model_id =
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -85,14 +89,55 @@ def _held_at(store: Any, table: str, version: int, runs: list[str]) -> bool:
         return False
 
 
-def _data_versions(text: str | None) -> list[tuple[str, int]]:
-    try:
-        versions = json.loads(text or "{}")
-    except ValueError:
-        return []
-    if not isinstance(versions, dict):
-        return []
+def _data_versions(versions: dict[str, Any]) -> list[tuple[str, int]]:
+    """The (store table, Delta version) entries of a dataset_versions dict."""
     return [(t, v) for t, v in versions.items() if t in DATA_TABLES and isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _covers(runs: list[str], run_id: str) -> bool:
+    return any(run_id == r or run_id.startswith(r + "/") for r in runs)
+
+
+def _export_lineage(file: Path) -> dict[str, Any] | None:
+    """The export lineage of a training file: its own (parquet) or its dataset folder's card."""
+    from storage.export import read_lineage
+
+    for candidate in (file, file.parent, file.parent.parent):
+        try:
+            lineage = read_lineage(candidate) if candidate.exists() else None
+        except ValueError:
+            lineage = None
+        if isinstance(lineage, dict):
+            return lineage
+    return None
+
+
+def _trained_on(store: Any, versions_json: str | None, runs: list[str], held: dict[tuple[str, int], bool]) -> bool:
+    """Whether a models row's training data (its dataset_versions_json) came from `runs`."""
+    try:
+        versions = json.loads(versions_json or "{}")
+    except ValueError:
+        return False
+    if not isinstance(versions, dict):
+        return False
+    filtered: set[str] = set()
+    for key in versions:
+        if not key.startswith("file:"):
+            continue
+        lineage = _export_lineage(Path(key[len("file:"):]))
+        run_ids = ((lineage or {}).get("filters") or {}).get("run_ids")
+        if lineage and run_ids:
+            filtered |= set(lineage.get("source_versions") or {})
+            if any(_covers(runs, r) for r in run_ids):
+                return True
+    for key in _data_versions(versions):
+        if key[0] in filtered:
+            continue
+        if key not in held:
+            held[key] = _held_at(store, *key, runs)
+        if held[key]:
+            return True
+    return False
 
 
 def select_runs(store: Any, runs: str | Iterable[str]) -> Selection:
@@ -103,22 +148,17 @@ def select_runs(store: Any, runs: str | Iterable[str]) -> Selection:
         raise ValueError("give at least one run id, none empty")
     have = _run_ids(store)
     for run in runs:
-        if not any(r == run or r.startswith(run + "/") for r in have):
+        if not any(_covers([run], r) for r in have):
             tops = sorted({r.split("/")[0] for r in have})
             raise ValueError(f"store {store.root} has no rows of run {run!r}; runs there: {', '.join(tops[:20]) or 'none'}")
     selection = Selection(runs=runs)
     models = store.scan_or_empty("models").select("run_id", "model_id", "parent_id", "dataset_versions_json").collect()
     held: dict[tuple[str, int], bool] = {}
     for row in models.iter_rows(named=True):
-        if any(row["run_id"] == r or row["run_id"].startswith(r + "/") for r in runs):
+        if _covers(runs, row["run_id"]):
             selection.models.setdefault(row["model_id"], "given run")
-            continue
-        for key in _data_versions(row["dataset_versions_json"]):
-            if key not in held:
-                held[key] = _held_at(store, *key, runs)
-            if held[key]:
-                selection.models.setdefault(row["model_id"], "trained on the runs' data")
-                break
+        elif _trained_on(store, row["dataset_versions_json"], runs, held):
+            selection.models.setdefault(row["model_id"], "trained on the runs' data")
     evaluated = store.scan_or_empty("evals").filter(run_filter(runs)).select("model_id").unique().collect()
     for model in evaluated["model_id"].to_list():
         if model in set(models["model_id"].to_list()):

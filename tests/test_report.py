@@ -248,9 +248,11 @@ def test_progress_bar_on_a_terminal_lines_elsewhere(monkeypatch):
 
 @pytest.fixture(scope="module")
 def commands(tmp_path_factory):
-    """generate (run gen-a, real tiny-model trees), pairs written as run pairs-b, train dpo on
-    the store (run train-1, 3 steps), eval of the checkpoint (eval-1) and of the tiny model it
-    started from (eval-0): each a separate `dataengine` command on one store."""
+    """On one store, each a separate `dataengine` command: generate (run gen-a, real tiny-model
+    trees); pairs written as run pairs-b (what `derive` writes); train dpo on the store (run
+    train-1, 3 steps); eval of that checkpoint (eval-1) and of the tiny model it started from
+    (eval-0); then pairs of run pairs-c, exported with a run filter, and train dpo on that file
+    (train-2, 1 step)."""
     from dataengine.cli import app
 
     root = tmp_path_factory.mktemp("commands")
@@ -264,7 +266,7 @@ def commands(tmp_path_factory):
         for name, args in (
             ("generate", ["generate", "--config", str(cfg), "--suite", "arithmetic", "--tasks", "2", "--model", "tiny",
                           "--sims", "3", "--k", "3", "--out", str(store), "--no-progress", "--run-id", "gen-a"]),
-            ("pairs", None),
+            ("pairs-b", None),
             ("train", ["train", "dpo", "--store", str(store), "--init", "tiny", "--out", str(root / "ckpt"), "--steps", "3",
                        "--batch-size", "1", "--max-length", "128", "--device", "cpu", "--run-id", "train-1"]),
             ("eval-1", ["eval", "--model", str(root / "ckpt"), "--suite", "arithmetic", "--tasks", "2", "--k", "0",
@@ -273,14 +275,19 @@ def commands(tmp_path_factory):
             ("eval-0", ["eval", "--model", "tiny", "--suite", "arithmetic", "--tasks", "2", "--k", "0",
                         "--max-new-tokens", "4", "--max-steps", "1", "--no-search", "--store", str(store),
                         "--device", "cpu", "--run-id", "eval-0"]),
+            ("pairs-c", None),
+            ("export", ["export", "pairs", "--store", str(store), "--out", str(root / "c.parquet"), "--run-id", "pairs-c"]),
+            ("train-2", ["train", "dpo", "--data", str(root / "c.parquet"), "--store", str(store), "--init", "tiny",
+                         "--out", str(root / "ckpt2"), "--steps", "1", "--batch-size", "1", "--max-length", "128",
+                         "--device", "cpu", "--run-id", "train-2"]),
         ):
             if args is None:
-                prompt = [{"role": "user", "content": "What is 40 plus 2?"}]
+                prompt = [{"role": "user", "content": f"What is 40 plus {name}?"}]
                 rows = [{"pair_id": f"p{i}", "kind": "step", "task_id": f"q{i}", "prompt_json": json.dumps(prompt),
                          "chosen_json": json.dumps([{"role": "assistant", "content": f"answer {42 + i}"}]),
                          "rejected_json": json.dumps([{"role": "assistant", "content": "6"}]), "tools_json": "[]",
                          "margin": 0.5} for i in range(3)]
-                Store(store).append("pairs", rows, run_id="pairs-b", shard_id="derive/step-pairs")
+                Store(store).append("pairs", rows, run_id=name, shard_id="derive/step-pairs")
                 continue
             result = runner.invoke(app, args)
             assert result.exit_code == 0, (name, result.output)
@@ -309,7 +316,8 @@ def test_report_over_runs_of_separate_commands(commands, tmp_path):
     history = info.metrics["log_history"]
     assert curves["step"].to_list() == history["step"] == [1, 2, 3]
     assert curves["loss"].to_list() == history["loss"] and all(math.isfinite(v) for v in history["loss"])
-    assert training_curves(store.models().collect())["loss"].to_list() == history["loss"]
+    mine = store.models().filter(pl.col("model_id") == info.model_id).collect()
+    assert training_curves(mine)["loss"].to_list() == history["loss"]
     assert {"curves", "evals", "trees"} <= set(report.figures)
     # The trees drawn are gen-a's, and their parse-error marks are the stored parse errors.
     drawn = [tree for tree in report.trees.values() if tree is not None]
@@ -329,10 +337,19 @@ def test_report_over_runs_of_separate_commands(commands, tmp_path):
 @pytest.mark.slow
 def test_report_joins_only_what_the_runs_reach(commands, tmp_path):
     from dataengine.cli import app
+    from dataengine.train.checkpoint import read_checkpoint_info
 
     store, root, _ = commands
+    run_of = dict(store.models().select("model_id", "run_id").collect().iter_rows())
+
     alone = report_tables(store, "gen-a")
     assert alone["models"].is_empty() and alone["evals"].is_empty() and alone["training"].is_empty()
+    # train-2 read a file exported with --run-id pairs-c: its lineage joins it to pairs-c only,
+    # though the pairs table it came from also held pairs-b's rows. train-1 read the table
+    # before pairs-c existed.
+    trained = {m: run_of[m] for m in select_runs(store, ["pairs-c"]).models}
+    assert trained == {read_checkpoint_info(root / "ckpt2").model_id: "train-2"}
+    assert set(select_runs(store, ["pairs-b"]).models) == {read_checkpoint_info(root / "ckpt").model_id}
     # An eval run brings the model it evaluated (and that model's curves).
     selection = select_runs(store, ["eval-1"])
     assert list(selection.models.values()) == ["evaluated in the runs"]
