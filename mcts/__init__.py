@@ -12,7 +12,7 @@ from mcts.action_selection import (
     puct_action_selection,
     uct_action_selection,
 )
-from mcts.base import ExpandFn, ExpandOutput, PolicyOutput, RootInput
+from mcts.base import ExpandFn, ExpandOutput, PolicyOutput, RootInput, WidenFn, WidenOutput
 from mcts.checkpoint import load_tree, save_tree
 from mcts.export import tree_to_networkx
 from mcts.policies import add_dirichlet_noise, gumbel_muzero_policy, muzero_policy, uct_policy
@@ -33,6 +33,8 @@ __all__ = [
     "RootInput",
     "SearchSummary",
     "Tree",
+    "WidenFn",
+    "WidenOutput",
     "add_dirichlet_noise",
     "gumbel_muzero_interior_action_selection",
     "gumbel_muzero_policy",

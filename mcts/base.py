@@ -45,6 +45,8 @@ class ExpandOutput:
     value: `[B, L]` float, value estimate of the child (ignored, and stored as 0, if terminal).
     handle: `[B, L]` int64, the caller's key for the child's state.
     terminal: `[B, L]` bool, True where the child ends the episode; it is never expanded.
+    stop: `[B]` bool or None, True for trees whose search ends after this call (the caller
+      reached its goal there or spent its budget); None: every tree goes on.
     """
 
     reward: torch.Tensor
@@ -53,6 +55,7 @@ class ExpandOutput:
     value: torch.Tensor
     handle: torch.Tensor
     terminal: torch.Tensor
+    stop: torch.Tensor | None = None
 
 
 class ExpandFn(Protocol):
@@ -68,6 +71,36 @@ class ExpandFn(Protocol):
     def __call__(
         self, parent_handles: torch.Tensor, actions: torch.Tensor, valid: torch.Tensor
     ) -> ExpandOutput: ...
+
+
+@dataclass(frozen=True)
+class WidenOutput:
+    """What the caller's widen function returns for B x W exhausted nodes.
+
+    prior_logits: `[B, W, K]` float, the node's new logits over its K action slots: every
+      action that has a child must stay finite; a newly finite slot is a new action.
+    widened: `[B, W]` bool, True where the node's logits are replaced by the row above; False
+      leaves the node as it is (the row is ignored).
+    """
+
+    prior_logits: torch.Tensor
+    widened: torch.Tensor
+
+
+class WidenFn(Protocol):
+    """Progressive widening: the caller's chance to add actions to exhausted nodes.
+
+    Called at most once per iteration, after its backups, with the nodes on that iteration's
+    paths that are exhausted: not terminal, every valid action already has a child, and at
+    least one slot is still invalid (room for a new action). Trees that finished their search
+    are left out.
+    handles: `[B, W]` int64, handles of those nodes; visits: `[B, W]` int64, their visit
+    counts N(s); valid: `[B, W]` bool, False for padding.
+    Returns a WidenOutput. An expand function object that has a `widen` attribute (a WidenFn)
+    gets widened by `search` unless another widen_fn is given.
+    """
+
+    def __call__(self, handles: torch.Tensor, visits: torch.Tensor, valid: torch.Tensor) -> WidenOutput: ...
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 
 from mcts import action_selection, seq_halving
 from mcts.action_selection import C_EXP, PB_C_BASE, PB_C_INIT, QTransform
-from mcts.base import ExpandFn, PolicyOutput, RootInput
+from mcts.base import ExpandFn, PolicyOutput, RootInput, WidenFn
 from mcts.qtransforms import (
     qtransform_by_parent_and_siblings,
     qtransform_completed_by_mix_value,
@@ -104,11 +104,14 @@ def muzero_policy(
     qtransform: QTransform = qtransform_by_parent_and_siblings,
     temperature: float = 1.0,
     device: torch.device | str | None = None,
+    widen_fn: WidenFn | None = None,
 ) -> PolicyOutput:
     """PUCT search (AlphaZero/MuZero) with Dirichlet root noise; acts by root visit counts.
 
     dirichlet_fraction=0 disables root noise. temperature applies to the visit distribution
     the action is sampled from (0: most visited). action_weights are the visit probabilities.
+    widen_fn: progressive widening (mcts.WidenFn; default: expand_fn.widen if it has one).
+    Widening the root replaces its logits, root noise included.
     """
     tree = _start(root, num_simulations, max_nodes, device)
     generator = make_generator(seed, tree.device)
@@ -133,6 +136,7 @@ def muzero_policy(
         leaves_per_iteration=leaves_per_iteration,
         virtual_loss=virtual_loss,
         generator=generator,
+        widen_fn=widen_fn,
     )
     action, weights = _visit_policy(tree, temperature, generator)
     return PolicyOutput(action=action, action_weights=weights, search_tree=tree)
@@ -152,6 +156,7 @@ def uct_policy(
     qtransform: QTransform = qtransform_by_parent_and_siblings,
     temperature: float = 1.0,
     device: torch.device | str | None = None,
+    widen_fn: WidenFn | None = None,
 ) -> PolicyOutput:
     """UCT search as in Agent Q (eq. 7); acts by root visit counts like muzero_policy."""
     tree = _start(root, num_simulations, max_nodes, device)
@@ -168,6 +173,7 @@ def uct_policy(
         leaves_per_iteration=leaves_per_iteration,
         virtual_loss=virtual_loss,
         generator=generator,
+        widen_fn=widen_fn,
     )
     action, weights = _visit_policy(tree, temperature, generator)
     return PolicyOutput(action=action, action_weights=weights, search_tree=tree)
@@ -187,6 +193,7 @@ def gumbel_muzero_policy(
     gumbel_scale: float = 1.0,
     qtransform: QTransform = qtransform_completed_by_mix_value,
     device: torch.device | str | None = None,
+    widen_fn: WidenFn | None = None,
 ) -> PolicyOutput:
     """Gumbel MuZero (Danihelka et al. 2022): Sequential Halving with Gumbel at the root.
 
@@ -226,6 +233,7 @@ def gumbel_muzero_policy(
         leaves_per_iteration=leaves_per_iteration,
         virtual_loss=virtual_loss,
         generator=generator,
+        widen_fn=widen_fn,
     )
     root_index = torch.full((tree.batch_size,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
     stats = node_stats(tree, root_index)

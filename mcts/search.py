@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats, RootInput
+from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats, RootInput, WidenFn, WidenOutput
 from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, gather_nodes, grow
 
 # Selection outcomes, one per tree, in SelectedPath.status.
@@ -329,6 +329,8 @@ def _check_expand_output(out: ExpandOutput, b: int, l: int, k: int) -> None:
             raise ValueError(f"ExpandOutput.{name} must be [B, L]={(b, l)}, got {shape}")
     if tuple(out.prior_logits.shape) != (b, l, k):
         raise ValueError(f"ExpandOutput.prior_logits must be [B, L, K]={(b, l, k)}, got {tuple(out.prior_logits.shape)}")
+    if out.stop is not None and tuple(out.stop.shape) != (b,):
+        raise ValueError(f"ExpandOutput.stop must be [B]={b} or None, got {tuple(out.stop.shape)}")
 
 
 def expand(tree: Tree, expand_fn: ExpandFn, parents: torch.Tensor, actions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -338,6 +340,13 @@ def expand(tree: Tree, expand_fn: ExpandFn, parents: torch.Tensor, actions: torc
     (UNVISITED where not valid). The new nodes get visits 1 and value = the returned value
     (0 and discount 0 if terminal); their edges stay unvisited until backup.
     """
+    return _expand(tree, expand_fn, parents, actions, valid)[0]
+
+
+def _expand(
+    tree: Tree, expand_fn: ExpandFn, parents: torch.Tensor, actions: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """expand(), plus the `[B]` bool of trees the caller stopped (ExpandOutput.stop)."""
     b, l = parents.shape
     k = tree.num_actions
     rows = torch.arange(b, device=tree.device).unsqueeze(-1)
@@ -345,7 +354,10 @@ def expand(tree: Tree, expand_fn: ExpandFn, parents: torch.Tensor, actions: torc
     out = expand_fn(handles, actions, valid)
     _check_expand_output(out, b, l, k)
     # The caller may compute on another device (a model on GPU, a tree on CPU, or back).
-    out = ExpandOutput(**{f: getattr(out, f).to(tree.device) for f in ExpandOutput.__dataclass_fields__})
+    out = ExpandOutput(
+        **{f: None if getattr(out, f) is None else getattr(out, f).to(tree.device) for f in ExpandOutput.__dataclass_fields__}
+    )
+    stop = torch.zeros(b, dtype=torch.bool, device=tree.device) if out.stop is None else out.stop.bool()
     new_index = tree.num_nodes.unsqueeze(-1) + valid.long().cumsum(1) - 1
     new_index = torch.where(valid, new_index, UNVISITED)
     bi, li = valid.nonzero(as_tuple=True)
@@ -374,7 +386,53 @@ def expand(tree: Tree, expand_fn: ExpandFn, parents: torch.Tensor, actions: torc
     tree.node_visits[bi, idx] = 1
     tree.children_prior_logits[bi, idx] = logits
     tree.num_nodes.add_(valid.long().sum(1))
-    return new_index
+    return new_index, stop
+
+
+def exhausted_nodes(tree: Tree) -> torch.Tensor:
+    """`[B, N]` bool: nodes in use, not terminal, whose every valid action has a child and
+    that still have an invalid slot (room for progressive widening to add an action)."""
+    valid = ~torch.isneginf(tree.children_prior_logits)
+    expanded = tree.children_index != UNVISITED
+    in_use = torch.arange(tree.max_nodes, device=tree.device).unsqueeze(0) < tree.num_nodes.unsqueeze(-1)
+    return in_use & ~tree.terminal & valid.any(-1) & (~valid | expanded).all(-1) & (~valid).any(-1)
+
+
+def widen(tree: Tree, widen_fn: WidenFn, candidates: torch.Tensor) -> torch.Tensor:
+    """Offer the `candidates` (`[B, N]` bool) nodes to widen_fn in one call and write the new
+    prior logits of the nodes it widened, in place. Returns `[B, N]` bool of widened nodes.
+
+    Candidates are packed per tree in node order into `[B, W]` (W = most candidates of a tree).
+    """
+    b, n, k = tree.batch_size, tree.max_nodes, tree.num_actions
+    counts = candidates.sum(1)
+    w = int(counts.max()) if b else 0
+    done = torch.zeros_like(candidates)
+    if w == 0:
+        return done
+    # A stable sort puts each tree's candidates first, in node order.
+    order = torch.sort((~candidates).to(torch.int8), dim=1, stable=True).indices[:, :w]
+    valid = torch.arange(w, device=tree.device).unsqueeze(0) < counts.unsqueeze(-1)
+    rows = torch.arange(b, device=tree.device).unsqueeze(-1).expand(b, w)
+    out = widen_fn(tree.node_handle[rows, order], tree.node_visits[rows, order], valid)
+    if not isinstance(out, WidenOutput):
+        raise TypeError(f"widen_fn must return an mcts.WidenOutput, got {type(out).__name__}")
+    if tuple(out.prior_logits.shape) != (b, w, k) or tuple(out.widened.shape) != (b, w):
+        raise ValueError(
+            f"WidenOutput must hold prior_logits [B, W, K]={(b, w, k)} and widened [B, W]={(b, w)}, got "
+            f"{tuple(out.prior_logits.shape)} and {tuple(out.widened.shape)}"
+        )
+    logits = out.prior_logits.to(device=tree.device, dtype=tree.children_prior_logits.dtype)
+    widened = out.widened.to(tree.device).bool() & valid
+    if torch.isnan(logits[widened]).any():
+        raise ValueError("WidenOutput.prior_logits holds NaN; use -inf for missing actions")
+    has_child = tree.children_index[rows, order] != UNVISITED
+    if (widened.unsqueeze(-1) & has_child & torch.isneginf(logits)).any():
+        raise ValueError("WidenOutput.prior_logits makes an action that already has a child invalid (-inf)")
+    r, c = rows[widened], order[widened]
+    tree.children_prior_logits[r, c] = logits[widened]
+    done[r, c] = True
+    return done
 
 
 def search(
@@ -389,6 +447,7 @@ def search(
     leaves_per_iteration: int = 1,
     virtual_loss: float = 1.0,
     generator: torch.Generator | None = None,
+    widen_fn: WidenFn | None = None,
 ) -> Tree:
     """Run `num_simulations` more simulations in every tree; returns the (possibly grown) tree.
 
@@ -404,7 +463,13 @@ def search(
       full stops early.
     virtual_loss: virtual visits added per pending traversal (only used when L > 1).
     generator: torch.Generator on the tree's device for tie-breaking; seeds the search.
+    widen_fn: progressive widening (see WidenFn); after each iteration's backups it is offered
+      the exhausted nodes on that iteration's paths in trees still searching. Default: the
+      expand function's `widen` attribute when it has one, else no widening.
+    A tree also stops when the expand function returns ExpandOutput.stop True for it.
     """
+    if widen_fn is None:
+        widen_fn = getattr(expand_fn, "widen", None)
     if num_simulations < 0:
         raise ValueError(f"num_simulations must be >= 0, got {num_simulations}")
     if leaves_per_iteration < 1:
@@ -458,10 +523,11 @@ def search(
         done = done | (~done & (counted == 0))
         valid = torch.stack(new_masks, 1)
         new_index = torch.full((b, big_l), UNVISITED, dtype=torch.int64, device=tree.device)
+        stopped = torch.zeros(b, dtype=torch.bool, device=tree.device)
         if bool(valid.any()):
             parents = torch.stack([p.parent for p in paths], 1)
             actions = torch.stack([p.action for p in paths], 1)
-            new_index = expand(tree, expand_fn, parents, actions, valid)
+            new_index, stopped = _expand(tree, expand_fn, parents, actions, valid)
         for j, path in enumerate(paths):
             if vl is not None:
                 clear_virtual_loss(vl, _masked(path, new_masks[j] | revisit_masks[j]))
@@ -472,7 +538,16 @@ def search(
                 safe = leaf.clamp_min(0)
                 tree.node_visits[rows, safe] = tree.node_visits[rows, safe] + revisit.long()
             backup_path(tree, path, leaf, new_masks[j] | revisit)
-        done = done | (tree.num_simulations >= target)
+        done = done | stopped | (tree.num_simulations >= target)
+        if widen_fn is not None and not bool(done.all()):
+            on_paths = torch.zeros((b, n), dtype=torch.bool, device=tree.device)
+            for j, path in enumerate(paths):
+                kept = _masked(path, new_masks[j] | revisit_masks[j])
+                rows = torch.arange(b, device=tree.device).unsqueeze(-1).expand_as(kept.path_nodes)
+                on_paths[rows[kept.path_mask], kept.path_nodes[kept.path_mask]] = True
+            candidates = on_paths & exhausted_nodes(tree) & ~done.unsqueeze(-1)
+            if bool(candidates.any()):
+                widen(tree, widen_fn, candidates)
     return tree
 
 

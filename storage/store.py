@@ -56,6 +56,16 @@ KEY_COLUMNS = ("run_id", "shard_id")
 Rows = list[dict[str, Any]] | pa.Table | pl.DataFrame | pa.RecordBatchReader
 
 
+def _with_spec_columns(frame: pl.LazyFrame, spec: TableSpec) -> pl.LazyFrame:
+    """Columns of the spec that files written before they existed lack, as typed nulls."""
+    have = set(frame.collect_schema().names())
+    missing = [c for c in spec.columns if c.name not in have]
+    if not missing:
+        return frame
+    dtypes = pl.from_arrow(pa.schema([c.field() for c in missing]).empty_table()).schema
+    return frame.with_columns(pl.lit(None, dtype=dtypes[c.name]).alias(c.name) for c in missing)
+
+
 def _sql_literal(value: str) -> str:
     """A SQL string literal for a Delta predicate (single quotes doubled)."""
     return "'" + value.replace("'", "''") + "'"
@@ -380,6 +390,8 @@ class Store:
                 write_deltalake(
                     dt, data, mode="overwrite", predicate=predicate, commit_properties=commit,
                     target_file_size=self.target_file_size,
+                    # Columns added to a spec since the table was created join its schema.
+                    schema_mode="merge",
                 )
                 version = self._record_commit(table, dt, token, read_version)
                 if marker is None:
@@ -485,7 +497,7 @@ class Store:
             problems = verify_files(self, table, _data_files(dt), full=False)
             if problems:
                 raise CorruptFileError(problems[0].message(self.root))
-        frame = pl.scan_delta(dt)
+        frame = _with_spec_columns(pl.scan_delta(dt), table_spec(table))
         if committed:
             pending = self.pending_shards(table, marker_version)
             if pending:

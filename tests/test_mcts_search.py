@@ -289,3 +289,114 @@ def test_zero_simulations_propose_a_valid_action():
     for policy in POLICIES:
         out = policy(root, env.expand, num_simulations=0)
         assert not torch.isneginf(root.prior_logits.gather(1, out.action[:, None])).any()
+
+
+# ---------------------------------------------------------------- progressive widening, stop
+
+
+class WideningEnv:
+    """Nodes start with actions 0 and 1 of K = 4 valid; each widening of a node opens its next
+    slot. Handles: child = parent * 8 + action + 1 (root b is b + 1). Episodes end at depth 2;
+    the reward is 1 for ending with action 3, which only widening opens."""
+
+    k = 4
+
+    def __init__(self):
+        self.opened: dict[int, int] = {}
+        self.expanded: dict[int, set[int]] = {}
+        self.offered: list[tuple[int, int]] = []
+
+    def logits(self, handle: int) -> list[float]:
+        n = 2 + self.opened.get(handle, 0)
+        return [0.0] * n + [float("-inf")] * (self.k - n)
+
+    def root(self, b: int) -> RootInput:
+        return RootInput(
+            torch.tensor([self.logits(h) for h in range(1, b + 1)]), torch.zeros(b), torch.arange(1, b + 1)
+        )
+
+    @staticmethod
+    def depth(handle: int) -> int:
+        d = 0
+        while handle > 8:
+            handle = (handle - 1) // 8
+            d += 1
+        return d
+
+    def __call__(self, parent_handles, actions, valid):
+        for b, l in valid.nonzero().tolist():
+            self.expanded.setdefault(int(parent_handles[b, l]), set()).add(int(actions[b, l]))
+        handle = parent_handles * 8 + actions + 1
+        b, l = handle.shape
+        depth = torch.tensor([[self.depth(int(h)) for h in row] for row in handle])
+        terminal = depth >= 2
+        logits = torch.tensor([[self.logits(int(h)) for h in row] for row in handle])
+        return ExpandOutput(
+            reward=(terminal & (actions == 3)).float(), discount=torch.ones(b, l), prior_logits=logits,
+            value=torch.zeros(b, l), handle=handle, terminal=terminal,
+        )
+
+    def widen(self, handles, visits, valid):
+        logits = torch.full((*handles.shape, self.k), float("-inf"))
+        for b, w in valid.nonzero().tolist():
+            h = int(handles[b, w])
+            self.offered.append((h, int(visits[b, w])))
+            # Offered only when exhausted: every valid action expanded, a slot free, not terminal.
+            n = 2 + self.opened.get(h, 0)
+            assert self.expanded.get(h) == set(range(n)) and n < self.k and self.depth(h) < 2
+            self.opened[h] = self.opened.get(h, 0) + 1
+            logits[b, w] = torch.tensor(self.logits(h))
+        return mcts.WidenOutput(prior_logits=logits, widened=valid.clone())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_widening_opens_actions_only_at_exhausted_nodes(policy):
+    env = WideningEnv()
+    tree = policy(env.root(3), env, num_simulations=40, leaves_per_iteration=2, seed=0).search_tree
+    check_invariants(tree, 40)
+    assert env.offered and all(visits >= 3 for _, visits in env.offered)
+    # Every root was widened to all 4 actions and the rewarded action 3 was reached.
+    root_valid = ~torch.isneginf(tree.children_prior_logits[:, 0])
+    assert root_valid.all() and (tree.children_visits[:, 0, 2:] > 0).all()
+    assert (tree.children_rewards == 1).any()
+    # Without widening the same search never opens a slot.
+    fresh = WideningEnv()
+    plain = policy(fresh.root(3), lambda p, a, v: fresh(p, a, v), num_simulations=40, seed=0).search_tree
+    assert torch.isneginf(plain.children_prior_logits[:, :, 2:]).all()
+
+
+def test_widen_fn_argument_overrides_and_bad_widening_is_named():
+    env = WideningEnv()
+    calls = []
+
+    def never(handles, visits, valid):
+        calls.append(int(valid.sum()))
+        return mcts.WidenOutput(torch.zeros(*handles.shape, 4), torch.zeros_like(valid))
+
+    tree = mcts.muzero_policy(env.root(2), env, num_simulations=12, widen_fn=never).search_tree
+    assert calls and torch.isneginf(tree.children_prior_logits[:, :, 2:]).all()
+
+    def remove(handles, visits, valid):
+        return mcts.WidenOutput(torch.full((*handles.shape, 4), float("-inf")), valid.clone())
+
+    with pytest.raises(ValueError, match="already has a child"):
+        mcts.muzero_policy(env.root(2), env, num_simulations=12, widen_fn=remove)
+
+
+def test_expand_output_stop_ends_that_tree_only():
+    env = SyntheticEnv(num_actions=4, depth=6)
+
+    def expand_fn(parent_handles, actions, valid):
+        out = env.expand(parent_handles, actions, valid)
+        stop = torch.tensor([True] + [False] * (parent_handles.shape[0] - 1))
+        return ExpandOutput(out.reward, out.discount, out.prior_logits, out.value, out.handle, out.terminal, stop=stop)
+
+    for policy in POLICIES:
+        tree = policy(env.root(3), expand_fn, num_simulations=10, leaves_per_iteration=2).search_tree
+        assert tree.num_simulations.tolist() == [2, 10, 10]
+    with pytest.raises(ValueError, match="ExpandOutput.stop"):
+        def bad(p, a, v):
+            out = env.expand(p, a, v)
+            return ExpandOutput(out.reward, out.discount, out.prior_logits, out.value, out.handle, out.terminal, stop=torch.ones(1))
+
+        mcts.muzero_policy(env.root(3), bad, num_simulations=4)

@@ -143,7 +143,8 @@ def test_scripted_tree_merges_steps_env_and_rewards(env):
     ]
     policy = ScriptedPolicy(script)
     # Gumbel MuZero visits every considered root action (Sequential Halving): all 3 get a child.
-    cfg = config(search__num_simulations=8, search__num_actions=4, search__algorithm="gumbel")
+    # Without widening the root keeps its first 4 samples (tests/test_search_features.py widens).
+    cfg = config(search__num_simulations=8, search__num_actions=4, search__algorithm="gumbel", search__widening=False)
     batch = search_batch([task], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
     root = batch.table[0]
     assert [e.count for e in root.edges] == [2, 1, 1]
@@ -210,7 +211,7 @@ def test_process_reward_is_capped(env, tasks):
 
 
 def test_expand_with_tiny_model_is_one_policy_call_per_iteration(env, tiny, tasks):
-    cfg = config(search__num_simulations=3, search__leaves_per_iteration=2, search__trees_per_batch=3)
+    cfg = config(search__num_simulations=3, search__leaves_per_iteration=2, search__trees_per_batch=3, search__widening=False)
     reward = make_reward(cfg, env)
     calls_before = tiny.stats.calls
     tokens_before = tiny.stats.generated_tokens

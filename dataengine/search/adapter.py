@@ -12,7 +12,16 @@ Each call expands every selected leaf of every tree at once:
    mixed with the critic score of the edge into the leaf: a * V + (1 - a) * critic;
 5. optional capped process reward from the step verifiers on the transition.
 
-Shapes: B trees, L leaves per tree and iteration, K candidate actions per node.
+Three batch-level features (docs/search.md has the rules):
+- progressive widening (`widen`, the core's WidenFn): an exhausted node (every candidate
+  expanded, no success below it) samples fresh candidates up to the cap k(N) = ceil(c N^alpha);
+- transpositions: a node whose state equals an earlier node of its tree (`transposition_key`)
+  reuses that node's value estimate instead of estimating again;
+- solved_policy "stop": a tree with a verified success stops (ExpandOutput.stop) and its
+  unspent tokens go to the batch's unsolved trees (`TokenBudget.transfer`).
+
+Shapes: B trees, L leaves per tree and iteration, K action slots per node (num_actions, or
+max_actions with widening), W exhausted nodes per tree offered for widening.
 """
 
 from __future__ import annotations
@@ -34,15 +43,25 @@ from dataengine.search.nodes import (
     NodeTable,
     PriorKind,
     SearchNode,
+    WidenRound,
+    add_samples,
     merge_samples,
     prior_logits,
+    transposition_key,
+    widen_cap,
 )
-from dataengine.types import Task
+from dataengine.types import Task, stable_hash
 from dataengine.values import AICritic, RolloutValue, mix_q
 from dataengine.verifiers.composite import CompositeReward
 
 # Rollouts use another seed than expansions of the same state, so rollout i is not candidate i.
 ROLLOUT_SEED_OFFSET = 1_000_003
+
+
+def widen_seed(seed: int, round: int) -> int:
+    """Sampling seed of widening round `round` (1, 2, ...) of a node: a hash of the search
+    seed and the round, so each round's samples are fresh draws, not the node's first K."""
+    return int(stable_hash(["widen", seed, round])[:8], 16) % (2**31 - 1)
 
 
 @dataclass
@@ -51,8 +70,11 @@ class ExpandCounters:
 
     calls: expand calls (iterations); nodes: nodes created (roots included); terminal: terminal
     nodes; successes: terminal nodes whose episode succeeded; generated_tokens: tokens sampled
-    for expansions and rollouts; env_seconds / verify_seconds / value_seconds: wall time in
-    env steps, verifiers and value estimation (model time inside value estimation included).
+    for expansions, widening and rollouts; env_seconds / verify_seconds / value_seconds: wall
+    time in env steps, verifiers and value estimation (model time inside value estimation
+    included); widen_rounds / widened_edges: widening rounds run and edges they added;
+    transpositions: nodes equal to an earlier node of their tree; values_reused: value
+    estimates taken from such a node instead of estimated.
     """
 
     calls: int = 0
@@ -60,6 +82,10 @@ class ExpandCounters:
     terminal: int = 0
     successes: int = 0
     generated_tokens: int = 0
+    widen_rounds: int = 0
+    widened_edges: int = 0
+    transpositions: int = 0
+    values_reused: int = 0
     env_seconds: float = 0.0
     verify_seconds: float = 0.0
     value_seconds: float = 0.0
@@ -124,7 +150,8 @@ class LLMExpander:
     policy: samples K candidates per state (its `stats` count model time and tokens).
     env: the sandboxed ToolEnv. reward: the composite verifier reward of episodes.
     search: budgets and options (num_actions K, max_depth, value, critic_mix,
-        process_reward_cap, max_generated_tokens per task).
+        process_reward_cap, max_generated_tokens per task, widening, transpositions,
+        solved_policy).
     sampling: max_new_tokens, temperature and top_p of the candidate actions.
     prior: "logprob" (summed exp of the length-normalised log-prob of merged samples) or
         "frequency" (sample counts).
@@ -147,7 +174,13 @@ class LLMExpander:
     ) -> None:
         self.policy, self.env, self.reward = policy, env, reward
         self.search, self.sampling = search, sampling
-        self.k = search.num_actions
+        self.k = search.action_slots
+        self.num_samples = search.num_actions
+        # The core widens through this attribute (mcts.WidenFn); None turns widening off.
+        self.widen = self._widen if search.widening else None
+        self.seen: list[dict[str, int]] = []
+        self.solved: list[bool] = []
+        self.stopped: list[bool] = []
         self.prior: PriorKind = prior
         self.seed = seed
         self.table = NodeTable()
@@ -181,9 +214,14 @@ class LLMExpander:
             raise ValueError("a search batch needs at least one task")
         self.tasks = list(tasks)
         self.budget = TokenBudget.for_tasks(len(tasks), self.search.max_generated_tokens)
+        self.table.budget = self.budget
+        self.seen = [{} for _ in tasks]
+        self.solved = [False] * len(tasks)
+        self.stopped = [False] * len(tasks)
         handles = []
         for b, task in enumerate(tasks):
             handles.append(self.table.add(SearchNode(tree=b, state=self.env.reset(task))))
+            self._link_transposition(handles[-1])
         self.counters.nodes += len(handles)
         self._sample_edges(handles)
         values = self._leaf_values(handles)
@@ -237,6 +275,8 @@ class LLMExpander:
                 terminal=ends,
             )
             h = self.table.add(node)
+            p.children[a] = h
+            self._link_transposition(h)
             children.append(h)
             handle[i, j] = h
         self.counters.nodes += len(children)
@@ -249,6 +289,8 @@ class LLMExpander:
                 node.reward, node.success, node.verdicts = result.reward, result.success, list(result.verdicts)
                 self.counters.terminal += 1
                 self.counters.successes += int(result.success)
+                if result.success:
+                    self._mark_solved(h)
             elif self.search.process_reward_cap > 0:
                 node.reward, node.verdicts = self._process_reward(node)
         self.counters.verify_seconds += time.perf_counter() - start
@@ -264,11 +306,117 @@ class LLMExpander:
                 node.value_estimate = estimates[h]
                 value[i, j] = node.value_estimate
                 logits[i, j] = torch.tensor(prior_logits(node.edges, self.k))
+        stop = self._stop_solved_trees()
         if self.on_expand is not None:
             self.on_expand(self)
         return mcts.ExpandOutput(
-            reward=reward, discount=torch.ones((b, l)), prior_logits=logits, value=value, handle=handle, terminal=terminal
+            reward=reward,
+            discount=torch.ones((b, l)),
+            prior_logits=logits,
+            value=value,
+            handle=handle,
+            terminal=terminal,
+            stop=stop,
         )
+
+    # ------------------------------------------------------------------ widening
+
+    def _widen(self, handles: torch.Tensor, visits: torch.Tensor, valid: torch.Tensor) -> mcts.WidenOutput:
+        """mcts.WidenFn: one widening round at each offered exhausted node that qualifies.
+
+        A node qualifies when it has no success below it, its tree still searches and has
+        tokens left, it holds fewer edges than k(N) = ceil(c * N^alpha) (at most K slots),
+        and k(N) grew since its last round (a round that found only duplicates waits for a
+        larger cap). The round samples cap - edges fresh candidates (at most num_actions) with
+        `widen_seed`; all rounds of one call share one policy call per sample count.
+        handles, visits, valid: `[B, W]`. Returns new logits `[B, W, K]` where widened.
+        """
+        b, w = handles.shape
+        logits = torch.full((b, w, self.k), float("-inf"))
+        widened = torch.zeros((b, w), dtype=torch.bool)
+        picks: list[tuple[int, int, SearchNode, int, int]] = []
+        for i, j in valid.nonzero().tolist():
+            node = self.table[int(handles[i, j])]
+            if node.terminal or node.solved_below or self.stopped[node.tree] or self.budget.exhausted(node.tree):
+                continue
+            n = int(visits[i, j])
+            cap = widen_cap(n, self.search.widen_c, self.search.widen_alpha, self.k)
+            last = node.widen_rounds[-1].cap if node.widen_rounds else 0
+            if len(node.edges) < cap and cap > last:
+                picks.append((i, j, node, n, cap))
+        groups: dict[int, list[tuple[int, int, SearchNode, int, int]]] = {}
+        for pick in picks:
+            groups.setdefault(min(self.num_samples, pick[4] - len(pick[2].edges)), []).append(pick)
+        ranked: list[tuple[SearchNode, list]] = []
+        for count in sorted(groups):
+            group = groups[count]
+            rounds = [len(node.widen_rounds) + 1 for _, _, node, _, _ in group]
+            samples = self.policy.sample(
+                [Conversation(node.state.messages, node.state.task.tools) for _, _, node, _, _ in group],
+                count,
+                max_new_tokens=self.sampling.max_new_tokens,
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
+                seed=[widen_seed(self.seed, r) for r in rounds],
+            )
+            for (i, j, node, n, cap), r, row in zip(group, rounds, samples):
+                tokens = sum(s.num_tokens for s in row)
+                self.budget.charge(node.tree, tokens)
+                self.counters.generated_tokens += tokens
+                before = len(node.edges)
+                added = add_samples(node.edges, row, cap=cap, round=r, prior=self.prior)
+                node.widen_rounds.append(
+                    WidenRound(r, n, cap, len(node.children), before, len(node.edges), len(row))
+                )
+                self.counters.widen_rounds += 1
+                self.counters.widened_edges += len(added)
+                if added:
+                    ranked.append((node, added))
+                logits[i, j] = torch.tensor(prior_logits(node.edges, self.k))
+                widened[i, j] = True
+        if self.critic is not None and ranked:
+            # A new edge is ranked against the other edges of its round.
+            scores = self.critic.rank(
+                [Conversation(n.state.messages, n.state.task.tools) for n, _ in ranked],
+                [[e.sample.text for e in added] for _, added in ranked],
+            )
+            for (_, added), score in zip(ranked, scores):
+                for edge, value in zip(added, score.scores):
+                    edge.critic_score = value
+        return mcts.WidenOutput(prior_logits=logits, widened=widened)
+
+    # ------------------------------------------------------------------ transpositions, solved trees
+
+    def _link_transposition(self, handle: int) -> None:
+        """Point the node at the first node of its tree with an equal state, or register it."""
+        if not self.search.transpositions:
+            return
+        node = self.table[handle]
+        key = transposition_key(node.state)
+        first = self.seen[node.tree].setdefault(key, handle)
+        if first != handle:
+            node.transposition_of = first
+            self.counters.transpositions += 1
+
+    def _mark_solved(self, handle: int) -> None:
+        """A successful terminal: its tree is solved and every ancestor has a success below."""
+        node = self.table[handle]
+        self.solved[node.tree] = True
+        for h in self.table.path(handle):
+            self.table[h].solved_below = True
+
+    def _stop_solved_trees(self) -> torch.Tensor | None:
+        """solved_policy "stop": trees newly solved stop, and their unspent tokens move to the
+        trees of the batch without a success (split evenly, in tree order). Returns the `[B]`
+        stop flags for the core, or None under "continue"."""
+        if self.search.solved_policy != "stop":
+            return None
+        unsolved = [t for t, solved in enumerate(self.solved) if not solved]
+        for t, solved in enumerate(self.solved):
+            if solved and not self.stopped[t]:
+                self.stopped[t] = True
+                self.budget.transfer(t, unsolved)
+        return torch.tensor(self.stopped, dtype=torch.bool)
 
     # ------------------------------------------------------------------ pieces
 
@@ -280,7 +428,7 @@ class LLMExpander:
         convs = [Conversation(n.state.messages, n.state.task.tools) for n in nodes]
         samples = self.policy.sample(
             convs,
-            self.k,
+            self.num_samples,
             max_new_tokens=self.sampling.max_new_tokens,
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
@@ -304,17 +452,27 @@ class LLMExpander:
         if not handles:
             return []
         nodes = [self.table[h] for h in handles]
+        # A transposition reuses the estimate of its first equal node (estimated earlier, or
+        # in this very call: that node comes first in `nodes`).
+        fresh = [n for n in nodes if n.transposition_of is None or self.table[n.transposition_of].terminal]
         start = time.perf_counter()
         before = self.policy.stats.generated_tokens
-        raw = self.values.estimate([n.state for n in nodes])
+        raw = self.values.estimate([n.state for n in fresh])
         spent = self.policy.stats.generated_tokens - before
         self.counters.value_seconds += time.perf_counter() - start
         if spent:
             # A batched rollout call serves several trees: split its tokens by their leaves.
-            self.budget.charge_split([n.tree for n in nodes], spent)
+            self.budget.charge_split([n.tree for n in fresh], spent)
             self.counters.generated_tokens += spent
+        for node, v in zip(fresh, raw):
+            node.raw_value = v
+        for node in nodes:
+            if node.raw_value is None:
+                node.raw_value = self.table[node.transposition_of].raw_value  # type: ignore[index]
+                self.counters.values_reused += 1
         out = []
-        for node, v in zip(nodes, raw):
+        for node in nodes:
+            v = node.raw_value
             critic = node.edge.critic_score if node.edge is not None else None
             if critic is None:
                 out.append(v)

@@ -16,7 +16,8 @@ from typing import Literal
 from dataengine.env import EnvState
 from dataengine.parsing import parse_action
 from dataengine.policy.base import Sample
-from dataengine.types import Action, Verdict
+from dataengine.search.budget import TokenBudget
+from dataengine.types import Action, Verdict, stable_hash
 
 PriorKind = Literal["logprob", "frequency"]
 
@@ -31,6 +32,7 @@ class Edge:
     mass: summed prior mass of the merged samples (exp of the length-normalised log-prob, or
         1 per sample for frequency priors).
     critic_score: Agent Q critic score in [0, 1] of this action, or None when no critic ran.
+    round: widening round that added the edge (0: the node's first K samples).
     """
 
     action: Action
@@ -38,6 +40,26 @@ class Edge:
     count: int
     mass: float
     critic_score: float | None = None
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class WidenRound:
+    """One progressive widening round at a node, as it happened.
+
+    round: 1, 2, ... at this node. visits: N(s) when it ran. cap: k(N) = ceil(c * N^alpha),
+    bounded by the action slots. expanded: edges that had a child then (all of them: the node
+    was exhausted). edges_before, edges_after: candidate edges before and after the round.
+    samples: fresh samples drawn (cap - edges_before, at most num_actions).
+    """
+
+    round: int
+    visits: int
+    cap: int
+    expanded: int
+    edges_before: int
+    edges_after: int
+    samples: int
 
 
 @dataclass
@@ -53,7 +75,13 @@ class SearchNode:
     value_estimate: the leaf value the search started this node with (None when terminal).
     verdicts: verifier verdicts of the episode (terminal) or of the last step (process reward).
     edges: the K candidate actions sampled at this node (empty until expanded, and for
-        terminal nodes).
+        terminal nodes); widening rounds append to them.
+    raw_value: the value estimator's output before the critic mix (None when terminal).
+    children: edge index -> handle of the child expanded through it.
+    transposition_of: handle of the earlier node of the tree with an equal state
+        (`transposition_key`), whose value estimate this node reused; None otherwise.
+    solved_below: a successful terminal node lies in this node's subtree.
+    widen_rounds: the widening rounds done here (`WidenRound`, in order).
     """
 
     tree: int
@@ -68,6 +96,19 @@ class SearchNode:
     value_estimate: float | None = None
     verdicts: list[Verdict] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
+    raw_value: float | None = None
+    children: dict[int, int] = field(default_factory=dict)
+    transposition_of: int | None = None
+    solved_below: bool = False
+    widen_rounds: list[WidenRound] = field(default_factory=list)
+
+    @property
+    def origin(self) -> str:
+        """What produced the node: "root", "expand" (an edge of the parent's first K samples)
+        or "widen" (an edge a widening round added at the parent)."""
+        if self.edge is None:
+            return "root"
+        return "widen" if self.edge.round > 0 else "expand"
 
 
 class NodeTable:
@@ -75,6 +116,9 @@ class NodeTable:
 
     def __init__(self) -> None:
         self.nodes: list[SearchNode] = []
+        # The token budget of the batch's trees (used, received, given per tree); set by the
+        # expander, read by the store rows.
+        self.budget: TokenBudget | None = None
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -114,6 +158,49 @@ def merge_samples(samples: Sequence[Sample], *, prior: PriorKind = "logprob") ->
         else:
             edges[key] = Edge(action=action, sample=sample, count=1, mass=mass)
     return list(edges.values())
+
+
+def add_samples(edges: list[Edge], samples: Sequence[Sample], *, cap: int, round: int, prior: PriorKind = "logprob") -> list[Edge]:
+    """Merge a widening round's samples into a node's `edges` (in place); returns the new edges.
+
+    A sample whose key equals an existing edge adds its count and prior mass to it; a new key
+    becomes a new edge (marked with `round`) while the node holds fewer than `cap` edges, and
+    is dropped after that.
+    """
+    by_key = {e.action.key(): e for e in edges}
+    added = []
+    for edge in merge_samples(samples, prior=prior):
+        key = edge.action.key()
+        if key in by_key:
+            by_key[key].count += edge.count
+            by_key[key].mass += edge.mass
+        elif len(edges) < cap:
+            edge.round = round
+            edges.append(edge)
+            by_key[key] = edge
+            added.append(edge)
+    return added
+
+
+def widen_cap(visits: int, c: float, alpha: float, slots: int) -> int:
+    """k(N) = ceil(c * N^alpha) candidate edges at a node of N visits, at most `slots`."""
+    return min(slots, math.ceil(c * max(visits, 0) ** alpha))
+
+
+def transposition_key(state: EnvState) -> str:
+    """The state's identity up to the order of whole turns.
+
+    Equal keys mean the same task, the same tool state (`state_hash`), the same end flags and
+    the same turns (each assistant message, raw text as the model saw it, with the
+    observations it got) possibly in another order. The edges of one node have distinct
+    keys, so two nodes of one tree share a key only when their paths took the same turns in
+    another order: a transposition.
+    """
+    turns = sorted(
+        stable_hash([step.action.to_message().model_dump(mode="json"), [o.model_dump(mode="json") for o in step.observations]])
+        for step in state.steps
+    )
+    return stable_hash([state.task.id, state.state_hash, state.done, state.truncated, turns])
 
 
 def prior_logits(edges: Sequence[Edge], k: int) -> list[float]:

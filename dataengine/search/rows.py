@@ -66,7 +66,10 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
 
     node_id is the node's index in the tensor tree (root 0). q of a node is Q(parent, action)
     = reward + discount * V(node) read from the searched tensors (the root's q is its V);
-    visits is N(node). Every terminal node gives one trajectory (source "mcts").
+    visits is N(node). origin / widen_round say which feature produced the node,
+    transposition_of names the node whose value estimate it reused, and the root row holds
+    the tree's budget_received / budget_given. Every terminal node gives one trajectory
+    (source "mcts").
     """
     count = int(tree.num_nodes[b])
     handles = tree.node_handle[b, :count].tolist()
@@ -79,6 +82,7 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
     index = {h: n for n, h in enumerate(handles)}
     root = table[handles[0]]
     task = root.state.task
+    budget = table.budget
     tree_id = task.id
     node_rows, traj_rows = [], []
     for n, h in enumerate(handles):
@@ -120,6 +124,11 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
                 "env_hash": node.state.state_hash,
                 "prefix_hash": node.state.prefix_hash,
                 "model_id": model_id,
+                "origin": node.origin,
+                "widen_round": edge.round if edge else None,
+                "transposition_of": None if node.transposition_of is None else index[node.transposition_of],
+                "budget_received": budget.received[node.tree] if budget is not None and edge is None else None,
+                "budget_given": budget.given[node.tree] if budget is not None and edge is None else None,
             }
         )
         if node.terminal:

@@ -1,0 +1,368 @@
+"""Progressive widening, transpositions and the budget across trees of the LLM tree search,
+their store columns, and their place in the generate run id.
+
+`RulePolicy` is a test double of the model (the Policy interface of dataengine/policy/base.py):
+sample i of a conversation is `reply(conversation, seed, i)`, so a test decides what the
+"model" proposes at each state; the tiny random model runs the real sampling path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from dataengine.config import EngineConfig, load_config
+from dataengine.policy import Conversation, Policy, PolicyStats, Sample
+from dataengine.policy.base import conv_seeds
+from dataengine.search import LLMExpander, TokenBudget, batch_rows, search_batch
+from dataengine.search.nodes import transposition_key, widen_cap
+from dataengine.stages import make_reward
+from dataengine.stages.generate import default_run_id
+from dataengine.suites import generate_suite
+
+TOKENS = 4
+
+
+def call(name: str, a: int, b: int) -> str:
+    return f'<tool_call>{{"name": "{name}", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+
+
+class RulePolicy(Policy):
+    """Sample i of a conversation is `reply(conv, seed, i)` (TOKENS tokens, log-prob -1).
+
+    asked: every (messages, k) it was asked to sample, in order.
+    """
+
+    def __init__(self, reply: Callable[[Conversation, int, int], str]):
+        self.reply = reply
+        self.model_id = "rules@0"
+        self.stats = PolicyStats()
+        self.asked: list[tuple[tuple, int]] = []
+
+    def sample(self, convs: Sequence[Conversation], k: int, *, seed=0, **kwargs) -> list[list[Sample]]:
+        self.stats.calls += 1
+        out = []
+        for conv, s in zip(convs, conv_seeds(seed, len(convs))):
+            self.asked.append((conv.messages, k))
+            row = [
+                Sample(self.reply(conv, s, i), tuple(range(TOKENS)), (-1.0 / TOKENS,) * TOKENS, -1.0, TOKENS, "stop")
+                for i in range(k)
+            ]
+            self.stats.generated_tokens += TOKENS * k
+            out.append(row)
+        return out
+
+    def score(self, convs, continuations, *, end_turn=True):
+        raise NotImplementedError("the rule policy only samples")
+
+
+def turn(conv: Conversation) -> int:
+    return sum(m.role == "assistant" for m in conv.messages)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return generate_suite("arithmetic", n_train=3, n_heldout=0, seed=0)
+
+
+def config(**overrides) -> EngineConfig:
+    base = {
+        "policy__model": "tiny",
+        "policy__device": "cpu",
+        "policy__max_new_tokens": 4,
+        "search__num_simulations": 8,
+        "search__num_actions": 2,
+        "search__max_actions": 6,
+        "search__value": "zero",
+        "search__max_generated_tokens": 10_000,
+    }
+    base.update(overrides)
+    return load_config(None, **base)
+
+
+def messages(row: dict) -> list[str]:
+    return [json.dumps(m, sort_keys=True) for m in json.loads(row["messages_json"])]
+
+
+def rows_by_tree(nodes: list[dict]) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = {}
+    for r in nodes:
+        out.setdefault(r["tree_id"], {})[r["node_id"]] = r
+    return out
+
+
+# ---------------------------------------------------------------- progressive widening
+
+
+def test_widening_adds_candidates_only_at_exhausted_nodes_within_the_cap(env, tiny, tasks):
+    """The tiny model answers at once: every root candidate is a wrong final answer, so the
+    root is exhausted as soon as each candidate has a child. Each widening round must find the
+    node exhausted, stay within k(N) = ceil(c N^alpha) and the 6 slots, and wait for the cap
+    to grow before the next round."""
+    cfg = config(search__num_simulations=12)
+    reward = make_reward(cfg, env)
+    batch = search_batch(tasks[:2], policy=tiny, env=env, reward=reward, config=cfg, seed=0)
+    nodes, _ = batch_rows(batch, tiny.model_id)
+    rounds = 0
+    for node in batch.table.nodes:
+        caps = [0]
+        for i, rd in enumerate(node.widen_rounds, 1):
+            rounds += 1
+            assert rd.round == i and rd.expanded == rd.edges_before  # exhausted when widened
+            assert rd.cap == widen_cap(rd.visits, 2.0, 0.5, 6) == min(6, math.ceil(2.0 * math.sqrt(rd.visits)))
+            assert rd.edges_before < rd.cap and rd.edges_after <= rd.cap and rd.cap > caps[-1]
+            assert rd.samples == min(2, rd.cap - rd.edges_before)
+            caps.append(rd.cap)
+            assert sum(e.round == i for e in node.edges) == rd.edges_after - rd.edges_before
+        assert len(node.edges) <= 6
+    assert rounds > 0 and batch.counters.widen_rounds == rounds
+    for b in range(2):
+        root = batch.table[b]
+        assert len(root.edges) > 2  # widened beyond the first K = 2 samples
+        assert int((~torch.isneginf(batch.tree.children_prior_logits[b, 0])).sum()) == len(root.edges)
+    # The rows say which feature produced each node.
+    for r in nodes:
+        if r["parent_id"] is None:
+            assert r["origin"] == "root" and r["widen_round"] is None
+        else:
+            assert r["origin"] == ("widen" if r["widen_round"] > 0 else "expand")
+    assert {r["origin"] for r in nodes} == {"root", "expand", "widen"}
+
+    off = search_batch(tasks[:2], policy=tiny, env=env, reward=reward, config=config(search__num_simulations=12, search__widening=False), seed=0)
+    assert all(not n.widen_rounds and len(n.edges) <= 2 for n in off.table.nodes)
+    assert off.tree.num_actions == 2 and batch.tree.num_actions == 6
+    rows, _ = batch_rows(off, tiny.model_id)
+    assert {r["origin"] for r in rows} == {"root", "expand"}
+
+
+def test_widening_charges_its_samples_to_the_tree(env, tasks):
+    policy = RulePolicy(lambda conv, seed, i: str(1000 + (seed * 7 + i) % 997))
+    cfg = config(search__num_simulations=10)
+    batch = search_batch(tasks[:1], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+    root = batch.table[0]
+    assert root.widen_rounds
+    assert batch.budget.total == policy.stats.generated_tokens == TOKENS * (2 + sum(r.samples for r in root.widen_rounds))
+
+
+def test_no_widening_below_a_success(env, tasks):
+    """Node A (after the right call) has one candidate. When it is the gold answer, A is
+    exhausted with a success below and is never widened; when it is a wrong answer, A is."""
+    task = tasks[1]  # What is 4628 * 289? (one multiply)
+    gold = task.gold.calls[0]
+    right = call(gold.name, gold.arguments["a"], gold.arguments["b"])
+
+    def run(answer: str):
+        policy = RulePolicy(lambda conv, seed, i: [right, "7"][i % 2] if turn(conv) == 0 else answer)
+        cfg = config(search__num_simulations=10, search__algorithm="gumbel")
+        batch = search_batch([task], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        a = next(n for n in batch.table.nodes if n.depth == 1 and not n.terminal)
+        return batch, a
+
+    solved, a = run(task.gold.answer)
+    assert a.solved_below and batch_success(solved) and not a.widen_rounds
+    failed, a = run("0")
+    assert not a.solved_below and not batch_success(failed) and a.widen_rounds
+
+
+def batch_success(batch) -> bool:
+    return any(n.success for n in batch.table.nodes)
+
+
+# ---------------------------------------------------------------- transpositions
+
+
+def two_calls_policy() -> RulePolicy:
+    """Turns 0 and 1 offer add(1, 2) and multiply(3, 4); later turns answer 15."""
+    return RulePolicy(lambda conv, seed, i: [call("add", 1, 2), call("multiply", 3, 4)][i % 2] if turn(conv) < 2 else "15")
+
+
+def test_two_paths_to_one_state_share_its_value_estimate(env, tasks):
+    """add then multiply, and multiply then add, reach one state (stateless tools, the same
+    turns in another order): the second node is a transposition of the first and reuses its
+    rollout value; no rollout starts from it. Its own candidates are still sampled."""
+    policy = two_calls_policy()
+    cfg = config(search__value="rollout", search__num_actions=2)
+    expander = LLMExpander(policy, env, make_reward(cfg, env), cfg.search, cfg.policy, rollouts=2, seed=0)
+    expander.roots([tasks[1]])
+    one = torch.ones((1, 2), dtype=torch.bool)
+    first = expander(torch.tensor([[0, 0]]), torch.tensor([[0, 1]]), one)
+    a, b = first.handle[0].tolist()  # after add, after multiply
+    asked = len(policy.asked)
+    second = expander(torch.tensor([[a, b]]), torch.tensor([[1, 0]]), one)
+    ab, ba = second.handle[0].tolist()
+    x, y = expander.table[ab], expander.table[ba]
+    assert x.state.state_hash == y.state.state_hash and x.state.prefix_hash != y.state.prefix_hash
+    assert transposition_key(x.state) == transposition_key(y.state)
+    assert x.transposition_of is None and y.transposition_of == ab
+    assert y.value_estimate == x.value_estimate and second.value[0, 0] == second.value[0, 1]
+    assert expander.counters.transpositions == 1 and expander.counters.values_reused == 1
+    # This call's rollouts (k=1 turns; they start from x, its only fresh non-terminal node).
+    rollout_starts = [m for m, k in policy.asked[asked:] if k == 1]
+    assert x.state.messages in rollout_starts and y.state.messages not in rollout_starts
+    assert y.edges and (y.state.messages, 2) in policy.asked[asked:]
+    # The answers after either order are terminal transpositions too; each is scored itself.
+    third = expander(torch.tensor([[ab, ba]]), torch.tensor([[0, 0]]), one)
+    t1, t2 = (expander.table[h] for h in third.handle[0].tolist())
+    assert t1.terminal and t2.terminal and t2.transposition_of == third.handle[0, 0].item()
+    assert t1.verdicts and t2.verdicts and t1.reward == t2.reward
+    # Different states are not transpositions: add then add.
+    other = expander(torch.tensor([[a]]), torch.tensor([[0]]), torch.ones((1, 1), dtype=torch.bool))
+    assert expander.table[int(other.handle[0, 0])].transposition_of is None
+
+
+def test_transpositions_in_the_node_rows(env, tasks):
+    policy = two_calls_policy()
+    cfg = config(search__num_simulations=16, search__algorithm="gumbel", search__max_depth=3, search__widening=False)
+    reward = make_reward(cfg, env)
+    batch = search_batch([tasks[1]], policy=policy, env=env, reward=reward, config=cfg, seed=0)
+    nodes, _ = batch_rows(batch, policy.model_id)
+    by_id = rows_by_tree(nodes)[tasks[1].id]
+    linked = [r for r in by_id.values() if r["transposition_of"] is not None]
+    assert linked
+    for r in linked:
+        first = by_id[r["transposition_of"]]
+        assert first["node_id"] < r["node_id"] and first["transposition_of"] is None
+        assert first["env_hash"] == r["env_hash"] and first["depth"] == r["depth"]
+        assert first["prefix_hash"] != r["prefix_hash"]
+        assert messages(first) != messages(r) and Counter(messages(first)) == Counter(messages(r))
+        if not r["terminal"]:
+            assert r["value_estimate"] == first["value_estimate"]
+    off = search_batch(
+        [tasks[1]], policy=two_calls_policy(), env=env, reward=reward,
+        config=config(search__num_simulations=16, search__algorithm="gumbel", search__max_depth=3, search__widening=False,
+                      search__transpositions=False),
+        seed=0,
+    )
+    rows, _ = batch_rows(off, policy.model_id)
+    assert all(r["transposition_of"] is None for r in rows)
+
+
+# ---------------------------------------------------------------- budget across trees
+
+
+def budget_policy(tasks) -> RulePolicy:
+    """Solves tasks[1] (the right call, then the gold answer); elsewhere wrong answers that
+    differ by seed and sample, so widening keeps finding new candidates."""
+    solved = tasks[1]
+    gold = solved.gold.calls[0]
+    right = call(gold.name, gold.arguments["a"], gold.arguments["b"])
+
+    def reply(conv: Conversation, seed: int, i: int) -> str:
+        if conv.messages[: len(solved.messages)] == tuple(solved.messages):
+            return [right, "0"][i % 2] if turn(conv) == 0 else solved.gold.answer
+        return str(1000 + (seed * 31 + i * 7) % 997)
+
+    return RulePolicy(reply)
+
+
+def test_solved_tree_gives_its_budget_to_unsolved_trees(env, tasks):
+    limit = 32
+    reward = make_reward(config(), env)
+
+    def run(policy_name: str):
+        cfg = config(
+            search__num_simulations=30, search__max_actions=12, search__max_generated_tokens=limit,
+            search__solved_policy=policy_name,
+        )
+        batch = search_batch(tasks, policy=budget_policy(tasks), env=env, reward=reward, config=cfg, seed=0)
+        return batch, rows_by_tree(batch_rows(batch, "rules@0")[0])
+
+    stop, rows = run("stop")
+    budget: TokenBudget = stop.budget
+    assert any(n.success for n in stop.table.nodes if n.tree == 1)
+    assert budget.given[1] > 0 and budget.received[1] == 0
+    assert budget.given[0] == budget.given[2] == 0
+    assert budget.received[0] + budget.received[2] == budget.given[1]
+    assert abs(budget.received[0] - budget.received[2]) <= 1
+    # The solved tree stopped; the unsolved ones kept searching and spent the tokens they got.
+    sims = stop.tree.num_simulations.tolist()
+    assert sims[1] < 30 and sims[0] == sims[2] == 30
+    assert max(budget.used[0], budget.used[2]) > limit
+    assert budget.used[1] + budget.given[1] == limit + budget.received[1] or budget.used[1] >= limit
+    for b, task in enumerate(tasks):
+        root = rows[task.id][0]
+        assert root["budget_received"] == budget.received[b] and root["budget_given"] == budget.given[b]
+        assert all(r["budget_received"] is None for r in rows[task.id].values() if r["node_id"] > 0)
+
+    cont, rows = run("continue")
+    assert cont.budget.received == [0, 0, 0] and cont.budget.given == [0, 0, 0]
+    assert cont.tree.num_simulations.tolist() == [30, 30, 30]
+    assert all(used <= limit + 2 * TOKENS for used in cont.budget.used)
+    assert rows[tasks[0].id][0]["budget_received"] == 0
+
+
+def test_token_budget_transfer():
+    budget = TokenBudget.for_tasks(3, limit=10)
+    budget.charge(0, 3)
+    assert budget.transfer(0, [0, 1, 2]) == 7
+    assert budget.given == [7, 0, 0] and budget.received == [0, 4, 3] and budget.exhausted(0)
+    assert budget.limit_of(1) == 14 and budget.remaining(2) == 13
+    assert budget.transfer(0, [1]) == 0 and budget.transfer(1, []) == 0
+
+
+# ---------------------------------------------------------------- determinism, run id
+
+
+def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
+    cfg = config(search__num_simulations=8, search__solved_policy="stop")
+    reward = make_reward(cfg, env)
+
+    def rows(seed):
+        batch = search_batch(tasks[:2], policy=tiny, env=env, reward=reward, config=cfg, seed=seed)
+        nodes, _ = batch_rows(batch, tiny.model_id)
+        return [
+            (r["tree_id"], r["node_id"], r["action_text"], r["visits"], round(r["q"], 6), r["origin"], r["widen_round"],
+             r["transposition_of"], r["budget_received"])
+            for r in nodes
+        ]
+
+    first = rows(0)
+    assert any(r[5] == "widen" for r in first)
+    assert rows(0) == first
+    assert rows(1) != first
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
+     ("solved_policy", "stop")],
+)
+def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
+    base = EngineConfig()
+    changed = load_config(None, **{f"search__{field}": value})
+    assert getattr(changed.search, field) == value != getattr(base.search, field)
+    assert changed.output_settings()["search"][field] == value
+    assert default_run_id(changed, tasks) != default_run_id(base, tasks)
+
+
+def test_bad_solved_policy_is_named():
+    with pytest.raises(ValueError, match="search.solved_policy"):
+        load_config(None, search__solved_policy="pause")
+
+
+# ---------------------------------------------------------------- store columns
+
+
+def test_nodes_written_before_the_new_columns_read_as_null(tmp_path, monkeypatch):
+    """A nodes table created by the schema before origin, widen_round, transposition_of and
+    the budget columns: it still reads (the new columns null), and new rows append to it."""
+    from storage import schemas
+    from storage.store import Store
+
+    new = ("origin", "widen_round", "transposition_of", "budget_received", "budget_given")
+    old = schemas.TableSpec("nodes", schemas.NODES.row, tuple(c for c in schemas.NODES.columns if c.name not in new))
+    row = {"task_id": "t", "tree_id": "t", "node_id": 0, "visits": 1}
+    with monkeypatch.context() as m:
+        m.setitem(schemas.TABLES, "nodes", old)
+        Store(tmp_path / "s").append("nodes", [row], run_id="r", shard_id="old")
+    store = Store(tmp_path / "s")
+    frame = store.nodes().collect()
+    assert set(new) <= set(frame.columns) and all(frame[c].null_count() == 1 for c in new)
+    store.append("nodes", [{**row, "origin": "root", "budget_received": 5}], run_id="r", shard_id="new")
+    frame = store.nodes().sort("shard_id").collect()
+    assert frame["origin"].to_list() == ["root", None] and frame["budget_received"].to_list() == [5, None]
