@@ -17,8 +17,7 @@ from mcts.qtransforms import (
     qtransform_by_parent_and_siblings,
     qtransform_completed_by_mix_value,
 )
-from mcts.search import node_stats, search
-from mcts.search import init_tree
+from mcts.search import init_tree, node_stats, search
 from mcts.tree import ROOT_INDEX, SearchSummary, Tree, summary
 
 # AlphaZero's root noise: 25% of the prior replaced by Dirichlet(0.3) noise.

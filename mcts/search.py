@@ -404,7 +404,7 @@ def widen(tree: Tree, widen_fn: WidenFn, candidates: torch.Tensor) -> torch.Tens
 
     Candidates are packed per tree in node order into `[B, W]` (W = most candidates of a tree).
     """
-    b, n, k = tree.batch_size, tree.max_nodes, tree.num_actions
+    b, k = tree.batch_size, tree.num_actions
     counts = candidates.sum(1)
     w = int(counts.max()) if b else 0
     done = torch.zeros_like(candidates)

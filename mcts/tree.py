@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mcts.base import RootInput
-
 ROOT_INDEX = 0
 NO_PARENT = -1
 UNVISITED = -1

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mcts
-from mcts.search import init_tree
-from mcts.policies import make_generator
 from mcts.base import ExpandOutput, RootInput
+from mcts.policies import make_generator
+from mcts.search import init_tree
 from mcts.synthetic import SyntheticEnv
 
 POLICIES = [mcts.muzero_policy, mcts.uct_policy, mcts.gumbel_muzero_policy]
