@@ -8,6 +8,7 @@ sample i of a conversation is `reply(conversation, seed, i)`, so a test decides 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -366,3 +367,20 @@ def test_nodes_written_before_the_new_columns_read_as_null(tmp_path, monkeypatch
     store.append("nodes", [{**row, "origin": "root", "budget_received": 5}], run_id="r", shard_id="new")
     frame = store.nodes().sort("shard_id").collect()
     assert frame["origin"].to_list() == ["root", None] and frame["budget_received"].to_list() == [5, None]
+
+
+def test_transposition_key_keeps_the_order_of_user_turns(env, tasks):
+    """Turns may be reordered within a user turn, not across one: a step whose observations
+    hold the next user message closes a segment of the key."""
+    from dataengine.types import Message, Step
+
+    state = env.reset(tasks[1])
+    add, mul = (env.step(state, c).state.steps[0] for c in (call("add", 1, 2), call("multiply", 3, 4)))
+    user = Message(role="user", content="And now?")
+    turn_end = Step(action=add.action, observations=[*add.observations, user], results=add.results)
+
+    def at(*steps):
+        return dataclasses.replace(state, steps=tuple(steps))
+
+    assert transposition_key(at(add, mul)) == transposition_key(at(mul, add))
+    assert transposition_key(at(turn_end, mul)) != transposition_key(at(mul, turn_end))

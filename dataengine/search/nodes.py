@@ -192,15 +192,20 @@ def transposition_key(state: EnvState) -> str:
 
     Equal keys mean the same task, the same tool state (`state_hash`), the same end flags and
     the same turns (each assistant message, raw text as the model saw it, with the
-    observations it got) possibly in another order. The edges of one node have distinct
-    keys, so two nodes of one tree share a key only when their paths took the same turns in
-    another order: a transposition.
+    observations it got) possibly in another order within each user turn: a step whose
+    observations hold a user message (the next user turn of a multi-turn task) closes a
+    segment, and segments keep their order. The edges of one node have distinct keys, so
+    two nodes of one tree share a key only when their paths took the same turns in another
+    order: a transposition.
     """
-    turns = sorted(
-        stable_hash([step.action.to_message().model_dump(mode="json"), [o.model_dump(mode="json") for o in step.observations]])
-        for step in state.steps
-    )
-    return stable_hash([state.task.id, state.state_hash, state.done, state.truncated, turns])
+    segments: list[list[str]] = [[]]
+    for step in state.steps:
+        segments[-1].append(
+            stable_hash([step.action.to_message().model_dump(mode="json"), [o.model_dump(mode="json") for o in step.observations]])
+        )
+        if any(o.role == "user" for o in step.observations):
+            segments.append([])
+    return stable_hash([state.task.id, state.state_hash, state.done, state.truncated, [sorted(x) for x in segments]])
 
 
 def prior_logits(edges: Sequence[Edge], k: int) -> list[float]:
