@@ -1,4 +1,5 @@
-"""`dataengine verify bfcl ...` (check prediction files) and `dataengine verifiers report` (calibration)."""
+"""`dataengine verify bfcl ...` (check prediction files), `dataengine verify tau2` (reward parity with
+tau2's evaluator) and `dataengine verifiers report` (calibration)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def register(app: typer.Typer) -> None:
         )
         typer.echo(json.dumps({"summary": summary}))
 
+    verify_app.command("tau2")(tau2_command)
     app.add_typer(verify_app, name="verify")
 
     verifiers_app = typer.Typer(help="Rule-based verifiers and the composite reward.", no_args_is_help=True)
@@ -92,3 +94,40 @@ def register(app: typer.Typer) -> None:
             json_out.write_text(json.dumps({"sources": sources, "examples": len(examples), "rows": rows}, indent=2), encoding="utf-8")
 
     app.add_typer(verifiers_app, name="verifiers")
+
+
+def tau2_command(
+    domain: list[str] = typer.Option(["retail", "airline"], "--domain", help="tau2 domain (repeatable): retail, airline."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N tasks of each domain."),
+    ids: list[str] | None = typer.Option(None, "--id", help="Only these tau2 task ids (repeatable)."),
+    kind: list[str] | None = typer.Option(None, "--kind", help="Trajectory kinds (repeatable): gold, drop_write, wrong_arg, missing_info, extra_write (default: all)."),
+    out: Path | None = typer.Option(None, "--out", help="Write one JSON row per trajectory here (ours and tau2's reward and components)."),
+) -> None:
+    """Score gold and perturbed trajectories of every tau2 task with our reward and with the installed
+    tau2 package's evaluator; print the agreement per domain and kind. Exits 1 on any disagreement."""
+    from dataengine.external import MissingPackageError
+    from dataengine.external.tau2 import DOMAINS
+
+    bad = [d for d in domain if d not in DOMAINS]
+    if bad:
+        raise typer.BadParameter(f"unknown tau2 domain(s) {bad}; supported: {', '.join(DOMAINS)}", param_hint="--domain")
+    try:
+        from dataengine.external.tau2 import parity
+
+        results = {d: parity.parity(d, limit=limit, ids=ids or None, kinds=kind or parity.KINDS) for d in domain}
+    except (MissingPackageError, ValueError) as exc:
+        _fail(str(exc))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as f:
+            for rows, _ in results.values():
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    disagree = []
+    for d, (rows, summary) in results.items():
+        for k, s in summary.items():
+            typer.echo(f"tau2 {d} {k}: {s['agree']}/{s['n']} agree (reward 1: ours {s['ours_pass']}, tau2 {s['tau2_pass']})")
+        disagree += [f"{r['id']} {r['kind']}" for r in rows if not r["agree"]]
+    typer.echo(json.dumps({"summary": {d: s for d, (_, s) in results.items()}, "disagreements": disagree}))
+    if disagree:
+        _fail(f"{len(disagree)} trajectories where our tau2 reward and tau2's evaluator disagree: {', '.join(disagree[:10])}")

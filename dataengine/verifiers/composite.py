@@ -6,10 +6,10 @@ Reward of an episode (CompositeReward.score):
            + min(shaping_cap, sum_i shaping[i] * score_i)          (shaping, >= 0, capped)
            + max(syntax_penalty_cap, syntax_penalty * malformed_steps)   (<= 0)
 
-success: the outcome verdicts passed (end_state and final_answer, those that apply; else
-arguments) and the "when" verdict passed. The defaults make success dominate: success is
-worth 1.0, all shaping together at most 0.15, the syntax penalty at most -0.1, so a failed
-episode never out-scores a successful one (checked in RewardWeights.__post_init__).
+success: the outcome verdicts passed (multi_turn, end_state, final_answer and tau2's reward,
+those that apply; else arguments) and the "when" verdict passed. The defaults make success dominate:
+success is worth 1.0, all shaping together at most 0.15, the syntax penalty at most -0.1, so a
+failed episode never out-scores a successful one (checked in RewardWeights.__post_init__).
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from dataengine.verifiers.base import Verifier, is_stateful, verify_step
 from dataengine.verifiers.calls import ExecutionVerifier, WhenVerifier, WhichVerifier
 from dataengine.verifiers.efficiency import EfficiencyVerifier, LengthVerifier
 from dataengine.verifiers.end_state import EndStateVerifier, Replay
+from dataengine.verifiers.multi_turn import MultiTurnVerifier
 from dataengine.verifiers.schema import FormatVerifier
+from dataengine.verifiers.tau2 import Tau2Verifier, is_tau2_task
 
-OUTCOME_ORDER = ("end_state", "final_answer", "arguments")
+OUTCOME_ORDER = ("multi_turn", "end_state", "final_answer", "tau2", "arguments")
 
 
 def _default_shaping() -> dict[str, float]:
@@ -46,8 +48,8 @@ class RewardWeights:
     syntax_penalty: added per step whose action failed to parse (negative).
     syntax_penalty_cap: the most negative the syntax penalty may get.
     step_cap: cap of the process reward of one step (step_reward), below `success`.
-    outcome_order: verdict names that decide success: the first two together where they apply,
-        else the first applicable of the rest (see outcome_verdicts).
+    outcome_order: verdict names that decide success: all but the last together where they
+        apply, else the last (see outcome_verdicts).
     """
 
     success: float = 1.0
@@ -140,12 +142,18 @@ def _applies(v: Any, task: Task) -> bool:
     if name == "which":
         return bool(task.tools)
     if name == "end_state":
-        return is_stateful(task)
+        # a task with per-turn gold is judged turn by turn (multi_turn), as BFCL does
+        return is_stateful(task) and not gold.turn_calls
+    if name == "multi_turn":
+        return bool(gold.turn_calls)
+    if name == "tau2":
+        return is_tau2_task(task)
     return True
 
 
 def rule_verifiers(replay: Replay | None = None) -> list[Any]:
     """One instance of every rule-based verifier (the pool CompositeReward picks from)."""
+    end_state = EndStateVerifier(replay)  # shared: tau2's DB check uses its replayed reference
     return [
         FormatVerifier(),
         WhichVerifier(),
@@ -154,7 +162,9 @@ def rule_verifiers(replay: Replay | None = None) -> list[Any]:
         ArgumentsVerifier(),
         NumericArgumentsVerifier(),
         FinalAnswerVerifier(),
-        EndStateVerifier(replay),
+        end_state,
+        Tau2Verifier(end_state),
+        MultiTurnVerifier(),
         EfficiencyVerifier(),
         LengthVerifier(),
     ]
@@ -170,12 +180,12 @@ def _by_name(verdicts: Iterable[Verdict]) -> dict[str, Verdict]:
 
 
 def outcome_verdicts(verdicts: Iterable[Verdict], order: Sequence[str] = OUTCOME_ORDER) -> list[Verdict]:
-    """The verdicts that decide success: every applicable one of the first two of `order`
-    (end state and final answer, both when both apply), else the first applicable of the rest
-    (arguments: the outcome only when the task has neither an end state nor an answer)."""
+    """The verdicts that decide success: every applicable one of all but the last of `order`
+    (per-turn checks, end state, final answer and tau2's reward, all that apply), else the last
+    (arguments: the outcome only when none of the others applies)."""
     named = _by_name(verdicts)
     applicable = [named[n] for n in order if n in named and named[n].passed is not None]
-    primary = [v for v in applicable if v.name in order[:2]]
+    primary = [v for v in applicable if v.name in order[:-1]]
     return primary or applicable[:1]
 
 
