@@ -23,6 +23,7 @@ from urllib.parse import unquote
 import polars as pl
 
 from storage.errors import StoreError
+from storage.location import scan_parquet
 from storage.manifest import FileRecord, Key, Stamp
 
 KINDS = ("missing", "size", "checksum", "unreadable", "unrecorded")
@@ -64,7 +65,7 @@ class FileProblem:
 
 def _read_keys(path: Path) -> list[tuple[Key, int]]:
     """[((run_id, shard_id), rows)] of the shards one data file holds, read from the file."""
-    frame = pl.scan_parquet(path).group_by("run_id", "shard_id").len().sort("run_id", "shard_id").collect()
+    frame = scan_parquet(path).group_by("run_id", "shard_id").len().sort("run_id", "shard_id").collect()
     return [((r, s), n) for r, s, n in frame.iter_rows()]
 
 
@@ -75,7 +76,7 @@ def file_keys(base: Path, row: dict[str, Any]) -> list[tuple[Key, int | None]]:
 
 
 def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -151,7 +152,7 @@ def _age_s(modification_time: Any) -> float:
 def _decode_error(path: Path) -> str | None:
     """None when Polars decodes the whole file, else the first line of its error."""
     try:
-        pl.scan_parquet(path).collect()
+        scan_parquet(path).collect()
     except BaseException as exc:  # Polars panics on some damage (PanicException)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
@@ -314,7 +315,7 @@ def _drop(store: Any, table: str, keys: dict[Key, str], bad: set[str], report: R
         rows[key] = None if n is None else rows.get(key, 0) + n
 
     def count(rel: str, hits: set[Key]) -> None:
-        frame = pl.scan_parquet(base / rel).select("run_id", "shard_id")
+        frame = scan_parquet(base / rel).select("run_id", "shard_id")
         for key in hits:
             n = frame.filter((pl.col("run_id") == key[0]) & (pl.col("shard_id") == key[1])).select(pl.len()).collect().item()
             if n:

@@ -1,6 +1,7 @@
 """The trajectory store: one Delta Lake table of Parquet files per table in `schemas.TABLES`.
 
-Layout under the store root (a local folder by default)::
+Layout under the store root (a local folder, or `s3://bucket/path` in S3-compatible object
+storage: `storage.location`)::
 
     <root>/_store.json          {"format": "dataengine-store", "schema_version": 1}
     <root>/<table>/_delta_log/  the Delta transaction log (versions, time travel)
@@ -12,7 +13,7 @@ leaves one copy and a writer killed before its commit leaves nothing visible. Co
 that conflict are retried with backoff, then refused with `RetryableStoreError`.
 
 Integrity (docs/store.md): every data file the store commits has its sha256 recorded in the
-sidecar manifest (`storage.manifest`); reads check sizes always and hashes of files not verified
+manifest (`storage.manifest`: SQLite locally, Delta tables in a bucket); reads check sizes always and hashes of files not verified
 since they last changed; `verify`/`check` and `repair` (storage.integrity) find and drop damaged
 shards. A shard written across several tables declares a marker table (`append(...,
 marker="tasks")`): its rows stay invisible to reads until the marker has rows of that shard.
@@ -46,7 +47,8 @@ from storage.errors import (
     StoreError,
     StoreNotFoundError,
 )
-from storage.manifest import Key, Manifest
+from storage.location import ObjectPath, delta_options, store_root
+from storage.manifest import CHECKPOINTS, Key, open_manifest
 from storage.schemas import SCHEMA_VERSION, TABLES, TableSpec, table_spec
 
 STORE_FILE = "_store.json"
@@ -103,7 +105,10 @@ class Store:
     replay, evals, models`.
 
     Args:
-      root: the store folder (created with its `_store.json` on first append when `create`).
+      root: the store folder (created with its `_store.json` on first append when `create`), or
+        `s3://bucket/path` (the bucket must exist).
+      storage_options: for an s3:// root, deltalake's option names (AWS_ENDPOINT_URL, ...) over
+        the AWS variables of the environment (`storage.location.storage_options`).
       create: allow creating the store; with False a missing store is an error at once.
       max_retries: commit attempts before `RetryableStoreError` when writers conflict.
       check_files: on scan, check that each data file exists with the size the Delta log
@@ -123,9 +128,12 @@ class Store:
         check_files: bool = True,
         target_file_size: int | None = None,
         record_grace_s: float = 600.0,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
-        self.root = Path(root).expanduser()
-        self.manifest = Manifest(self.root)
+        self.root: Path | ObjectPath = store_root(root, storage_options)
+        # deltalake's storage_options of every table of an s3:// store; None for a local one.
+        self.storage_options = delta_options(self.root)
+        self.manifest = open_manifest(self.root)
         self.record_grace_s = record_grace_s
         if max_retries < 1:
             raise ValueError(f"max_retries must be >= 1, got {max_retries}")
@@ -134,6 +142,11 @@ class Store:
         self.target_file_size = target_file_size
         # Tables this instance has created or checked for a newer schema version.
         self._checked: set[str] = set()
+        if isinstance(self.root, ObjectPath) and not self.root.bucket_exists():
+            raise StoreNotFoundError(
+                f"bucket {self.root.bucket!r} of store {self.root} does not exist at {self.root.store.endpoint}; "
+                "create it first (or check AWS_ENDPOINT_URL and the credentials)"
+            )
         if self.root.exists() and not self.root.is_dir():
             raise StoreNotFoundError(f"store path {self.root} is a file, not a store folder")
         meta = self.root / STORE_FILE
@@ -170,6 +183,10 @@ class Store:
         meta = self.root / STORE_FILE
         if meta.exists():
             return
+        if isinstance(self.root, ObjectPath):
+            # One PUT is atomic; concurrent first writers all write the same content.
+            meta.write_text(json.dumps({"format": STORE_FORMAT, "schema_version": SCHEMA_VERSION}))
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{STORE_FILE}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"format": STORE_FORMAT, "schema_version": SCHEMA_VERSION}))
@@ -182,14 +199,14 @@ class Store:
 
     # ---- tables ---------------------------------------------------------------------------
 
-    def table_path(self, table: str) -> Path:
+    def table_path(self, table: str) -> Path | ObjectPath:
         table_spec(table)
         return self.root / table
 
     def has_table(self, table: str) -> bool:
         from deltalake import DeltaTable
 
-        return DeltaTable.is_deltatable(str(self.table_path(table)))
+        return DeltaTable.is_deltatable(str(self.table_path(table)), storage_options=self.storage_options)
 
     def tables(self) -> list[str]:
         """Names of the tables that have been written, in schema order."""
@@ -205,13 +222,13 @@ class Store:
         path = self.table_path(table)
         if not self.root.is_dir():
             raise StoreNotFoundError(f"no store at {self.root}")
-        if not DeltaTable.is_deltatable(str(path)):
+        if not DeltaTable.is_deltatable(str(path), storage_options=self.storage_options):
             have = ", ".join(self.tables()) or "none"
             raise MissingTableError(
                 f"table {table!r} does not exist in store {self.root} (tables written: {have})"
             )
         try:
-            dt = DeltaTable(str(path), version=version)
+            dt = DeltaTable(str(path), version=version, storage_options=self.storage_options)
         except DeltaError as exc:
             raise StoreError(f"table {table!r} in {self.root}: cannot open version {version}: {exc}") from exc
         self._check_table_version(table, dt)
@@ -233,7 +250,7 @@ class Store:
         from deltalake.exceptions import DeltaError
 
         path = str(self.table_path(spec.name))
-        if DeltaTable.is_deltatable(path):
+        if DeltaTable.is_deltatable(path, storage_options=self.storage_options):
             return
         try:
             DeltaTable.create(
@@ -242,10 +259,13 @@ class Store:
                 mode="ignore",
                 name=spec.name,
                 description=json.dumps({"schema_version": SCHEMA_VERSION}),
+                storage_options=self.storage_options,
+                # In a bucket each log entry is a request: checkpoint often (manifest.CHECKPOINTS).
+                configuration=CHECKPOINTS if self.storage_options is not None else None,
             )
         except DeltaError:
             # Another process created it between the check and ours: fine if it exists now.
-            if not DeltaTable.is_deltatable(path):
+            if not DeltaTable.is_deltatable(path, storage_options=self.storage_options):
                 raise
 
     def version(self, table: str) -> int:
@@ -365,7 +385,7 @@ class Store:
         path = str(self.table_path(table))
         if table not in self._checked:
             self._create_table(spec)
-            self._check_table_version(table, DeltaTable(path))
+            self._check_table_version(table, DeltaTable(path, storage_options=self.storage_options))
             self._checked.add(table)
         if marker is not None:
             # Declared before the commit: a writer killed after it leaves an invisible shard.
@@ -385,7 +405,7 @@ class Store:
         attempts = 1 if isinstance(rows, pa.RecordBatchReader) else self.max_retries
         for _ in range(attempts):
             try:
-                dt = DeltaTable(path)
+                dt = DeltaTable(path, storage_options=self.storage_options)
                 read_version = dt.version()
                 write_deltalake(
                     dt, data, mode="overwrite", predicate=predicate, commit_properties=commit,
