@@ -203,7 +203,14 @@ class DPOTrainConfig(TrainConfig):
     beta: float = Field(0.1, gt=0, description="KL strength: higher keeps the policy closer to the reference")
     loss_type: str = Field("sigmoid", description="TRL DPO loss: sigmoid, ipo, hinge, robust, ... (comma-separate to mix)")
     behaviour_ref: bool = Field(
-        False, description="use the behaviour log-probs stored with the pairs as the reference (no reference model)"
+        False,
+        description="reference = the behaviour model (the policy that sampled the pairs), scored once before training "
+        "on exactly the tokens TRL compares; no reference model is kept during training",
+    )
+    behaviour_model: str | None = Field(
+        None,
+        description="with behaviour_ref: the model that sampled the pairs ('smollm2', 'tiny' or a folder); "
+        "default: the one the store's nodes/trajectories record for the pairs' runs",
     )
     precompute_ref_log_probs: bool = Field(
         False, description="compute reference log-probs once before training (frees the reference model)"

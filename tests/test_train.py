@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-import polars as pl
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -264,24 +264,29 @@ def test_sft_labels_cover_assistant_tokens_only(tmp_path):
 # ---- DPO with behaviour log-probs, registration, loading ----------------------------------
 
 
-def test_dpo_behaviour_reference_is_used_and_checkpoint_registered(tmp_path):
+def test_dpo_behaviour_reference_is_used_and_checkpoint_registered(tmp_path, behaviour_folder):
     from dataengine.models import load_model
     from dataengine.train.checkpoint import read_checkpoint_info
-    from dataengine.train.dpo import DPOTrainConfig, train_dpo
+    from dataengine.train.dpo import DPOTrainConfig, behaviour_reference_logps, train_dpo
     from storage.store import Store
 
     store = Store(tmp_path / "store")
+    # Logged log-probs (-20 / -5) are replaced by the behaviour model's scores of TRL's completions.
     rows = [pair(i, ref_chosen_logps=-20.0, ref_rejected_logps=-5.0) for i in range(2)]
     data = as_training_data("preference", rows)
     data.versions = {"pairs": 3}
-    config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "dpo"), max_steps=1, batch_size=2,
-                            behaviour_ref=True, beta=0.1, learning_rate=1e-4, run_id="train-test")
+    config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "dpo"), max_steps=1, batch_size=2, device="cpu",
+                            behaviour_ref=True, behaviour_model=str(behaviour_folder), beta=0.1, learning_rate=1e-4,
+                            run_id="train-test")
     info = train_dpo(config, data, store=store)
     log = info.metrics["last_log"]
-    # DPO's implicit reward is beta * (policy logp - reference logp): the reference is the stored value.
-    assert log["rewards/chosen"] == pytest.approx(0.1 * (log["logps/chosen"] + 20.0), rel=1e-4)
-    assert log["rewards/rejected"] == pytest.approx(0.1 * (log["logps/rejected"] + 5.0), rel=1e-4)
-    assert info.metrics["reference"] == "behaviour"
+    refs = behaviour_reference_logps(str(behaviour_folder), data.rows, tokenizer=load_model("tiny")[1])
+    ref_chosen, ref_rejected = (sum(side) / len(refs) for side in zip(*refs))
+    # DPO's implicit reward is beta * (policy logp - reference logp), batch means in the log.
+    assert log["rewards/chosen"] == pytest.approx(0.1 * (log["logps/chosen"] - ref_chosen), abs=1e-4)
+    assert log["rewards/rejected"] == pytest.approx(0.1 * (log["logps/rejected"] - ref_rejected), abs=1e-4)
+    assert abs(log["rewards/chosen"]) > 0.01  # a reference other than the policy, and not the logged -20
+    assert info.metrics["reference"] == "behaviour" and info.metrics["behaviour_model"] == str(behaviour_folder)
 
     row = store.models().collect().to_dicts()
     assert len(row) == 1 and row[0]["model_id"] == info.model_id
@@ -299,12 +304,167 @@ def test_dpo_behaviour_reference_is_used_and_checkpoint_registered(tmp_path):
     assert parent_model_id(info.path, model) == info.model_id
 
 
-def test_dpo_refuses_behaviour_ref_without_logprobs(tmp_path):
+def test_dpo_behaviour_ref_needs_a_known_behaviour_model(tmp_path):
+    from dataengine.train.dpo import BehaviourModelError, DPOTrainConfig, build_dpo_trainer
+
+    config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "dpo"), max_steps=1, behaviour_ref=True, device="cpu")
+    with pytest.raises(BehaviourModelError, match="set behaviour_model"):
+        build_dpo_trainer(config, as_training_data("preference", [pair(0)]))
+    with pytest.raises(BehaviourModelError, match="'nowhere'.*config.json"):
+        build_dpo_trainer(config.replace(behaviour_model="nowhere"), as_training_data("preference", [pair(0)]))
+
+
+# ---- behaviour reference: TRL's completion tokens, scored by the behaviour model ---------------
+
+CALL_2 = {"type": "function", "function": {"name": "add", "arguments": {"a": 17, "b": 20}}}
+
+
+def reference_pairs() -> list[dict]:
+    """Step pairs (one assistant turn a side, one with a system turn and a thought) and
+    trajectory pairs (whole episodes: calls, tool turns, final answers) in export form."""
+    steps = [pair(0), pair(1), {
+        "prompt": [{"role": "system", "content": "You can call tools."}, {"role": "user", "content": "Add 17 and 25."}],
+        "chosen": [{"role": "assistant", "content": "I add them.", "tool_calls": [ADD_CALL]}],
+        "rejected": [{"role": "assistant", "content": "", "tool_calls": [CALL_2]}], "tools": [ADD_TOOL]}]
+
+    def episode(call, result, answer):
+        return [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "name": "add", "content": result},
+                {"role": "assistant", "content": answer}]
+
+    trajectories = [{"prompt": [{"role": "user", "content": f"What is 17 plus {25 + i}?"}],
+                     "chosen": episode(ADD_CALL, "42", "The answer is 42."),
+                     "rejected": episode(CALL_2, "37", f"It is {37 + i}."), "tools": [ADD_TOOL]} for i in range(2)]
+    return steps + trajectories
+
+
+@pytest.fixture(scope="module")
+def behaviour_folder(tmp_path_factory):
+    """A second model with the tiny model's tokenizer and other weights: the behaviour policy."""
+    import torch
+
+    from dataengine.models import load_model
+
+    model, tokenizer = load_model("tiny")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight) * 0.05)
+    folder = tmp_path_factory.mktemp("models") / "tiny-behaviour"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def trl_reference(init: str, reference: str, rows: list[dict], max_length: int) -> list[tuple[float, float]]:
+    """TRL's own reference log-probs: a plain DPOTrainer with `reference` as ref_model and
+    precompute_ref_log_probs=True, on our trainer's settings (dataengine.train.base.trl_kwargs)."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    from dataengine.models import load_model
+    from dataengine.train.base import trl_kwargs
+    from dataengine.train.dpo import DPOTrainConfig
+
+    model, tokenizer = load_model(init)
+    ref_model, _ = load_model(reference)
+    config = DPOTrainConfig(init=init, out_dir="unused", max_steps=1, device="cpu", max_length=max_length)
+    args = DPOConfig(**trl_kwargs(config), max_length=max_length, precompute_ref_log_probs=True)
+    rows = [{k: v for k, v in r.items() if not k.startswith("ref_")} for r in rows]  # TRL adds these itself
+    trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=tokenizer)
+    assert len(trainer.train_dataset) == len(rows)  # no row dropped, so rows align
+    return list(zip(trainer.train_dataset["ref_chosen_logps"], trainer.train_dataset["ref_rejected_logps"]))
+
+
+def test_behaviour_reference_logps_equal_trls_reference_on_step_and_trajectory_pairs():
+    """Our reference = TRL's: same completion tokens (end-of-turn and tool turns included, cut at
+    max_length), same scores. 250 tokens cuts the trajectory rows and keeps the step rows whole."""
+    from dataengine.models import load_model
+    from dataengine.train.dpo import behaviour_reference_logps
+    from dataengine.train.reference import trl_tokenized
+
+    rows = as_training_data("preference", reference_pairs()).rows
+    _, tokenizer = load_model("tiny")
+    tokens = trl_tokenized(rows, tokenizer)
+    assert tokenizer.decode(tokens[0]["chosen_ids"]) == CALL + "<|im_end|>\n"
+    episode = tokenizer.decode(tokens[3]["chosen_ids"])
+    assert "<tool_response>\n42\n</tool_response>" in episode and episode.endswith("The answer is 42.<|im_end|>\n")
+    lengths = [len(t["prompt_ids"]) + max(len(t["chosen_ids"]), len(t["rejected_ids"])) for t in tokens]
+    assert max(lengths[:3]) <= 250 < min(lengths[3:])
+
+    ours = behaviour_reference_logps("tiny", rows, tokenizer=tokenizer, max_length=250)
+    trl = trl_reference("tiny", "tiny", rows, max_length=250)
+    assert len(ours) == len(trl) == 5
+    for (chosen, rejected), (trl_chosen, trl_rejected) in zip(ours, trl):
+        assert chosen == pytest.approx(trl_chosen, abs=1e-3) and rejected == pytest.approx(trl_rejected, abs=1e-3)
+    # Cut at 250 tokens, the trajectory rows score fewer tokens than whole.
+    whole = behaviour_reference_logps("tiny", rows[3:], tokenizer=tokenizer)
+    assert all(w[0] < o[0] - 1.0 for w, o in zip(whole, ours[3:]))
+
+
+def _store_with_behaviour_run(root, model_id: str, *, path: str | None):
+    """A search run "gen1" whose nodes record `model_id`, its step pairs derived into it (the
+    derive default), and, when `path` is given, the model registered in `models`."""
+    from storage.store import Store
+
+    store = Store(root)
+    store.append("nodes", [{"task_id": "t0", "tree_id": "tr0", "node_id": 0, "model_id": model_id}], run_id="gen1",
+                 shard_id="s0")
+    pairs = [{"pair_id": f"p{i}", "kind": "step", "task_id": "t0", "suite": "arithmetic",
+              "prompt_json": json.dumps(row["prompt"]), "chosen_json": json.dumps(row["chosen"]),
+              "rejected_json": json.dumps(row["rejected"]), "tools_json": json.dumps(row["tools"]), "margin": 1.0,
+              "chosen_logprob": -20.0, "rejected_logprob": -5.0} for i, row in enumerate(reference_pairs())]
+    store.append("pairs", pairs, run_id="gen1", shard_id="derive/step-pairs")
+    store.record_run("gen1", kind="derive/step-pairs", config={"run_ids": ["gen1"]}, shard_id="derive/step-pairs")
+    if path is not None:
+        store.append("models", [{"model_id": model_id, "path": path, "kind": "base"}], run_id="m", shard_id=model_id)
+    return store
+
+
+def test_dpo_behaviour_reference_scores_the_model_the_store_records(tmp_path, behaviour_folder):
+    """build_dpo_trainer finds the pairs' behaviour model in the store (nodes.model_id -> the
+    registered checkpoint with that weight hash) and its ref columns equal TRL's reference
+    computed with that model; the policy (tiny) as reference gives other values."""
+    from dataengine.models import checkpoint_hash
     from dataengine.train.dpo import DPOTrainConfig, build_dpo_trainer
 
-    config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "dpo"), max_steps=1, behaviour_ref=True)
-    with pytest.raises(ValueError, match="ref_chosen_logps"):
-        build_dpo_trainer(config, as_training_data("preference", [pair(0)]))
+    model_id = f"tiny-behaviour@{checkpoint_hash(behaviour_folder)}"
+    store = _store_with_behaviour_run(tmp_path / "store", model_id, path=str(behaviour_folder))
+    data = load_training_data("preference", store=store, behaviour_ref=True)
+    config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "dpo"), max_steps=1, device="cpu", max_length=512,
+                            behaviour_ref=True)
+    trainer, _, _ = build_dpo_trainer(config, data, store=store)
+    assert trainer.behaviour_model == model_id
+    ours = list(zip(trainer.train_dataset["ref_chosen_logps"], trainer.train_dataset["ref_rejected_logps"]))
+    trl = trl_reference("tiny", str(behaviour_folder), data.rows, max_length=512)
+    assert len(ours) == len(trl) == len(data) == 5
+    for (chosen, rejected), (trl_chosen, trl_rejected) in zip(ours, trl):
+        assert chosen == pytest.approx(trl_chosen, abs=1e-3) and rejected == pytest.approx(trl_rejected, abs=1e-3)
+    policy = trl_reference("tiny", "tiny", data.rows, max_length=512)
+    assert all(abs(o[0] - p[0]) > 0.1 for o, p in zip(ours, policy))
+    assert all(o[0] != -20.0 for o in ours)  # the logged log-probs are not the reference
+
+
+def test_behaviour_model_errors_say_what_is_missing(tmp_path, behaviour_folder):
+    from dataengine.models import checkpoint_hash
+    from dataengine.train.reference import BehaviourModelError, recorded_behaviour_model
+
+    known = f"tiny-behaviour@{checkpoint_hash(behaviour_folder)}"
+    store = _store_with_behaviour_run(tmp_path / "a", known, path=None)  # not registered: nowhere to load it from
+    versions = {"pairs": store.version("pairs")}
+    with pytest.raises(BehaviourModelError, match="not available locally.*set behaviour_model"):
+        recorded_behaviour_model(store, versions)
+    store.append("models", [{"model_id": known, "path": str(behaviour_folder), "kind": "base"}], run_id="m", shard_id="m")
+    assert recorded_behaviour_model(store, versions) == (known, str(behaviour_folder))
+    stale = _store_with_behaviour_run(tmp_path / "b", "tiny-behaviour@0000000000000000", path=str(behaviour_folder))
+    with pytest.raises(BehaviourModelError, match="none exists with that weight hash"):
+        recorded_behaviour_model(stale, {"pairs": stale.version("pairs")})
+    store.append("nodes", [{"task_id": "t0", "tree_id": "tr1", "node_id": 0, "model_id": "other@1"}], run_id="gen1",
+                 shard_id="s1")
+    with pytest.raises(BehaviourModelError, match="several models"):
+        recorded_behaviour_model(store, versions)
+    with pytest.raises(BehaviourModelError, match="names no version"):
+        recorded_behaviour_model(store, {"file:/x.parquet": "abc"})
 
 
 def test_config_errors_name_the_field():

@@ -1,5 +1,6 @@
 """Slow training runs: GRPO rollouts that execute tools through the ToolEnv, LoRA merging, the
-CLI chain DPO -> GRPO registered in the store, and a DPO smoke run on SmolLM2."""
+CLI chain DPO -> GRPO registered in the store, a DPO smoke run on SmolLM2, and the behaviour
+reference on SmolLM2 against TRL's own reference computation."""
 
 from __future__ import annotations
 
@@ -169,7 +170,59 @@ def test_seeded_dpo_runs_give_the_same_checkpoint(tmp_path):
     ids = []
     for run in ("a", "b"):
         config = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / run), max_steps=2, batch_size=2,
-                                behaviour_ref=True, learning_rate=1e-3, seed=7)
+                                behaviour_ref=True, behaviour_model="tiny", learning_rate=1e-3, seed=7)
         ids.append(train_dpo(config, rows).model_id)
     assert ids[0] == ids[1]  # same seed and data: bit-identical weights (the id hashes the weight file)
     assert ids[0].split("@")[1] != "" and ids[0].startswith("dpo-tiny@")
+
+
+def smollm2_pairs() -> list[dict]:
+    """Step and trajectory pairs on a real suite task (its tool list and prompt, ~700 tokens with
+    SmolLM2's template): a first-step pair, a second-step pair after a tool turn, a thought+call
+    against wrong arguments, and two whole episodes against failed ones."""
+    task = _one_call_task()
+    prompt = [m.to_chat() for m in task.messages]
+    tools = [s.to_openai() for s in task.tools]
+    call = task.gold.calls[0]
+    good = {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    wrong = {"type": "function", "function": {"name": call.name, "arguments": {**call.arguments, "b": 98}}}
+    answer = task.gold.answer
+
+    def calls(c, thought=""):
+        return {"role": "assistant", "content": thought, "tool_calls": [c]}
+
+    def tool(text):
+        return {"role": "tool", "name": call.name, "content": text}
+
+    def say(text):
+        return {"role": "assistant", "content": text}
+
+    after_call = prompt + [calls(good), tool(answer)]
+    return [
+        {"prompt": prompt, "chosen": [calls(good)], "rejected": [say(answer)], "tools": tools},
+        {"prompt": after_call, "chosen": [say(answer)], "rejected": [say(f"The answer is {answer}1.")], "tools": tools},
+        {"prompt": prompt, "chosen": [calls(good, "I divide.")], "rejected": [calls(wrong)], "tools": tools},
+        {"prompt": prompt, "chosen": [calls(good), tool(answer), say(answer)],
+         "rejected": [calls(wrong), tool("66.2959"), say("66")], "tools": tools},
+        {"prompt": prompt, "chosen": [calls(good), tool(answer), say(f"It is {answer}.")],
+         "rejected": [say("70")], "tools": tools},
+    ]
+
+
+def test_behaviour_reference_equals_trls_reference_on_smollm2():
+    """behaviour_reference_logps with SmolLM2 = TRL's DPOTrainer(ref_model=SmolLM2,
+    precompute_ref_log_probs=True) reference, per row and side, within 1e-3."""
+    from test_train import trl_reference
+
+    from dataengine.models import load_model
+    from dataengine.train.data import as_training_data
+    from dataengine.train.dpo import behaviour_reference_logps
+
+    rows = as_training_data("preference", smollm2_pairs()).rows
+    _, tokenizer = load_model("smollm2")
+    ours = behaviour_reference_logps("smollm2", rows, tokenizer=tokenizer, max_length=1024)
+    trl = trl_reference("smollm2", "smollm2", rows, max_length=1024)
+    assert len(ours) == len(trl) == 5
+    for (chosen, rejected), (trl_chosen, trl_rejected) in zip(ours, trl):
+        assert chosen == pytest.approx(trl_chosen, abs=1e-3) and rejected == pytest.approx(trl_rejected, abs=1e-3)
+    assert all(math.isfinite(c) and c < 0 for pair in ours for c in pair)
