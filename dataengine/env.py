@@ -4,21 +4,40 @@ States are immutable values: `step(state, action)` returns a new state and never
 old one, so one node can be expanded many times and two branches never share tool-state
 changes. Tool calls run in the Sandbox; `step_many` sends the calls of a whole batch of
 expansions through one `Sandbox.call_many`, so they run in parallel.
+
+Multi-turn: when the assistant ends its turn (a reply without tool calls) and there is a next
+user turn, that turn starts instead of the episode ending: its user messages become the step's
+observations and its functions join the offered tools. The next turn comes from the task's
+schedule (`Task.user_turns`, see `scheduled_turn`) or from a `next_user_turn` hook given to
+ToolEnv (a user simulator).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 from dataengine.parsing import EXPECTED, parse_action
 from dataengine.tools.registry import get_toolbox
 from dataengine.tools.sandbox import Sandbox
-from dataengine.types import Action, Episode, Message, Step, Task, ToolCall, ToolResult, canonical_json, stable_hash
+from dataengine.types import (
+    Action,
+    Episode,
+    Message,
+    Step,
+    Task,
+    ToolCall,
+    ToolResult,
+    UserTurn,
+    canonical_json,
+    stable_hash,
+    user_turn_problem,
+)
 
-# Default cap on assistant turns per episode.
+# Default cap on assistant steps per user turn (per episode for single-turn tasks).
 MAX_STEPS = 8
 
 
@@ -26,12 +45,18 @@ MAX_STEPS = 8
 class EnvState:
     """One point of an episode.
 
-    task: the task being solved.
-    messages: the conversation so far (the task's messages, then assistant and tool turns).
+    task: the task as offered at this point: the task given to reset, or from a user turn that
+        added functions on, a copy whose `tools` include them (same id, gold and schedule).
+    messages: the conversation so far (the task's messages, then assistant and tool turns, and
+        the user messages of each later turn).
     tool_state: the mutable tool state as a JSON object (None for stateless toolboxes); never
         mutated in place: each step that changes it makes a new dict.
     steps: the history, for building an Episode.
-    done: the episode ended with a final answer; truncated: it reached the step limit.
+    done: the episode ended with a final answer of its last user turn; truncated: it reached
+        the step limit of a turn.
+    turn: the user turn the conversation is in (0-based).
+    turn_start: index in `steps` of the first step of the current turn.
+    turn_states: the tool state at the end of each finished turn (shared, never mutated).
     """
 
     task: Task
@@ -40,17 +65,25 @@ class EnvState:
     steps: tuple[Step, ...] = ()
     done: bool = False
     truncated: bool = False
+    turn: int = 0
+    turn_start: int = 0
+    turn_states: tuple[dict[str, Any] | None, ...] = ()
 
     __hash__ = None  # type: ignore[assignment]  # holds dicts; compare, do not hash
 
     @property
     def terminal(self) -> bool:
-        """The episode is over (final answer or step limit)."""
+        """The episode is over (final answer of the last turn, or step limit)."""
         return self.done or self.truncated
 
     @property
     def num_steps(self) -> int:
         return len(self.steps)
+
+    @property
+    def turn_steps(self) -> int:
+        """Steps taken in the current user turn."""
+        return len(self.steps) - self.turn_start
 
     @cached_property
     def state_hash(self) -> str:
@@ -70,7 +103,33 @@ class EnvState:
             final_state=copy.deepcopy(self.tool_state),
             done=self.done,
             truncated=self.truncated,
+            turn_states=list(self.turn_states),
         )
+
+
+NextUserTurn = Callable[[EnvState], "UserTurn | None"]
+"""A hook that gives the next user turn of an episode: called with the state right after the
+assistant's reply that ends the current turn (its `turn` is still the turn being ended);
+returns the UserTurn to start, or None to end the episode. For search it should be a function
+of the state (seed any sampling from `state.prefix_hash`), so that a branch replays the same."""
+
+
+def scheduled_turn(state: EnvState) -> UserTurn | None:
+    """The default NextUserTurn: the task's own schedule, `task.user_turns[state.turn]`."""
+    turns = state.task.user_turns
+    return turns[state.turn] if state.turn < len(turns) else None
+
+
+def schedule_errors(task: Task, turns: Sequence[UserTurn] | None = None, first: int = 0) -> list[str]:
+    """Problems of user turns (default: the task's schedule) against the task's toolbox: every
+    function a turn adds must be a tool of the toolbox. Each names the task and the field."""
+    box = get_toolbox(task.toolbox)
+    out = []
+    for i, turn in enumerate(task.user_turns if turns is None else turns, start=first):
+        for k, spec in enumerate(turn.tools):
+            if spec.name not in box.tools:
+                out.append(f"task {task.id!r}: user_turns[{i}].tools[{k}]: {spec.name!r} is not a tool of toolbox {task.toolbox!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -93,20 +152,31 @@ class ToolEnv:
     """Executes actions against a task's toolbox. Holds no episode state itself.
 
     sandbox: where tool calls run (shared, not owned: the caller closes it).
-    max_steps: assistant turns after which an episode is truncated.
+    max_steps: assistant steps per user turn after which an episode is truncated (for a
+        single-turn task: per episode).
+    next_user_turn: where the next user turn comes from when the assistant ends a turn
+        (default `scheduled_turn`: the task's user_turns); a user simulator goes here.
     """
 
-    def __init__(self, sandbox: Sandbox, max_steps: int = MAX_STEPS) -> None:
+    def __init__(self, sandbox: Sandbox, max_steps: int = MAX_STEPS, next_user_turn: NextUserTurn | None = None) -> None:
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.sandbox = sandbox
         self.max_steps = max_steps
+        self.next_user_turn = next_user_turn or scheduled_turn
 
     def reset(self, task: Task) -> EnvState:
-        """The initial state: the task's messages and a private copy of its initial tool state."""
+        """The initial state: the task's messages and a private copy of its initial tool state.
+
+        A schedule whose turns add functions the toolbox lacks is refused here (ValueError naming
+        the task and field), before any step."""
         if not isinstance(task, Task):
             raise TypeError(f"reset expects a Task, got {type(task).__name__}")
         initial = get_toolbox(task.toolbox).initial_state(task)
+        if task.user_turns:
+            problems = schedule_errors(task)
+            if problems:
+                raise ValueError(problems[0])
         return EnvState(task=task, messages=tuple(task.messages), tool_state=copy.deepcopy(initial))
 
     def step(self, state: EnvState, action: Action | str) -> StepOutcome:
@@ -166,14 +236,30 @@ class ToolEnv:
         else:
             observations = [observation(r) for r in results]
         done = action.is_final
-        truncated = not done and state.num_steps + 1 >= self.max_steps
+        task, turn, turn_start, turn_states = state.task, state.turn, state.turn_start, state.turn_states
+        steps = state.steps + (Step(action=action, observations=observations, results=results, turn=turn),)
+        if done:
+            ended = EnvState(task=task, messages=state.messages + (action.to_message(),), tool_state=tool_state,
+                             steps=steps, turn=turn, turn_start=turn_start, turn_states=turn_states)
+            nxt = self._next_turn(ended)
+            if nxt is not None:
+                done = False
+                observations = list(nxt.messages)
+                steps = steps[:-1] + (steps[-1].model_copy(update={"observations": observations}),)
+                if nxt.tools:
+                    task = task.model_copy(update={"tools": [*task.tools, *nxt.tools]})
+                turn, turn_start, turn_states = turn + 1, len(steps), turn_states + (tool_state,)
+        truncated = not done and len(steps) - turn_start >= self.max_steps
         new_state = EnvState(
-            task=state.task,
+            task=task,
             messages=state.messages + (action.to_message(), *observations),
             tool_state=tool_state,
-            steps=state.steps + (Step(action=action, observations=observations, results=results),),
+            steps=steps,
             done=done,
             truncated=truncated,
+            turn=turn,
+            turn_start=turn_start,
+            turn_states=turn_states,
         )
         info = {
             "parse_error": action.parse_error,
@@ -181,6 +267,21 @@ class ToolEnv:
             "truncated": truncated,
         }
         return StepOutcome(state=new_state, observations=observations, done=new_state.terminal, info=info)
+
+
+    def _next_turn(self, ended: EnvState) -> UserTurn | None:
+        nxt = self.next_user_turn(ended)
+        if nxt is None:
+            return None
+        if not isinstance(nxt, UserTurn):
+            raise TypeError(f"next_user_turn must return a UserTurn or None, got {type(nxt).__name__}")
+        if nxt is not scheduled_turn(ended):  # the schedule was checked at construction and reset
+            problem = user_turn_problem(nxt, {t.name for t in ended.task.tools})
+            problems = [f"task {ended.task.id!r}: next_user_turn gave turn {ended.turn + 1} with {problem}"] if problem else []
+            problems += schedule_errors(ended.task, [nxt], first=ended.turn)
+            if problems:
+                raise ValueError(problems[0])
+        return nxt
 
 
 def observation(result: ToolResult) -> Message:

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Role = Literal["system", "user", "assistant", "tool"]
 Split = Literal["train", "heldout"]
@@ -150,6 +150,9 @@ class Gold(BaseModel):
         values ("" in the list means the parameter may be omitted). Empty when not used.
     needs_tool: whether a correct episode calls any tool at all (the "when" axis).
     end_state_hash: stable_hash of the tool state after replaying `calls`, for stateful suites.
+    turn_calls: multi-turn tasks: the reference calls of each user turn (turn 0 first; a turn
+        may have none). `calls` is then their concatenation (filled in when left empty). Empty
+        for single-turn tasks.
     """
 
     answer: str | None = None
@@ -157,6 +160,31 @@ class Gold(BaseModel):
     acceptable: list[dict[str, Any]] = Field(default_factory=list)
     needs_tool: bool = True
     end_state_hash: str | None = None
+    turn_calls: list[list[ToolCall]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _calls_of_turns(self) -> Gold:
+        if self.turn_calls:
+            flat = [c for turn in self.turn_calls for c in turn]
+            if not self.calls:
+                self.calls = flat
+            elif self.calls != flat:
+                raise ValueError("gold.calls must be the concatenation of gold.turn_calls (or left empty)")
+        return self
+
+
+class UserTurn(BaseModel):
+    """A later user turn of a multi-turn task (turn 1, 2, ...).
+
+    messages: what the user says at the start of the turn (role "user", non-empty content).
+    tools: functions offered from this turn on, beside the ones already offered (BFCL's
+        held-back functions); they must be tools of the task's toolbox.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message]
+    tools: list[ToolSpec] = Field(default_factory=list)
 
 
 class Task(BaseModel):
@@ -166,6 +194,10 @@ class Task(BaseModel):
         suites, the initial tool state (dataengine.tools.registry).
     tools: the schemas shown to the model (a subset of, or equal to, the toolbox's tools).
     initial_state: the mutable tool state at reset (a JSON object), or None for stateless tools.
+    user_turns: the later user turns of a multi-turn task, in order (turn 1 is user_turns[0]):
+        ToolEnv starts the next one when the assistant ends its turn with a reply without tool
+        calls. Empty for single-turn tasks. When gold.turn_calls is set it has one list per turn
+        (1 + len(user_turns)).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -179,6 +211,37 @@ class Task(BaseModel):
     split: Split = "train"
     initial_state: dict[str, Any] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    user_turns: list[UserTurn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _schedule(self) -> Task:
+        problem = schedule_problem(self)
+        if problem is not None:
+            raise ValueError(f"task {self.id!r}: {problem}")
+        return self
+
+    @property
+    def num_turns(self) -> int:
+        """User turns of the task's schedule: 1 + len(user_turns)."""
+        return 1 + len(self.user_turns)
+
+
+def schedule_problem(task: Task) -> str | None:
+    """What is wrong with the user-turn schedule of `task` ("<field>: <problem>"), or None.
+
+    Checked without the toolbox: every later turn says something as the user, a turn offers no
+    tool already offered, and gold.turn_calls (when set) has one list per turn.
+    """
+    offered = {t.name for t in task.tools}
+    for i, turn in enumerate(task.user_turns):
+        problem = user_turn_problem(turn, offered)
+        if problem is not None:
+            return f"user_turns[{i}].{problem}"
+        offered.update(t.name for t in turn.tools)
+    if task.gold.turn_calls and len(task.gold.turn_calls) != task.num_turns:
+        return (f"gold.turn_calls: {len(task.gold.turn_calls)} turns of gold calls for a task of "
+                f"{task.num_turns} user turns (1 + len(user_turns))")
+    return None
 
 
 ToolStatus = Literal[
@@ -208,18 +271,27 @@ class ToolResult(BaseModel):
 
 
 class Step(BaseModel):
-    """One step of an episode: the action, the observations it produced, and the tool results."""
+    """One step of an episode: the action, the observations it produced, and the tool results.
+
+    turn: the user turn (0-based) the action was taken in. A reply that ends a turn of a
+    multi-turn task has the next turn's user messages as its observations.
+    """
 
     action: Action
     observations: list[Message] = Field(default_factory=list)
     results: list[ToolResult] = Field(default_factory=list)
+    turn: int = 0
 
 
 class Episode(BaseModel):
     """A whole trajectory of a task, as verifiers and dataset derivation read it.
 
     final_state: the tool state at the end (None for stateless tools).
-    done: the episode ended by a final answer; truncated: it hit max steps or a budget.
+    done: the episode ended by a final answer (of the last user turn); truncated: it hit max
+        steps or a budget.
+    turn_states: multi-turn tasks: the tool state at the end of each user turn that was
+        finished and followed by another (so turn t's is turn_states[t]; the last turn's is
+        final_state). Shared with the env's states: do not mutate.
     """
 
     task: Task
@@ -227,6 +299,7 @@ class Episode(BaseModel):
     final_state: dict[str, Any] | None = None
     done: bool = False
     truncated: bool = False
+    turn_states: list[dict[str, Any] | None] = Field(default_factory=list)
 
     @property
     def final_answer(self) -> str | None:
@@ -254,3 +327,21 @@ class Verdict(BaseModel):
     passed: bool | None
     confidence: float = 1.0
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+def user_turn_problem(turn: UserTurn, offered: set[str]) -> str | None:
+    """What is wrong with one user turn ("<field>: <problem>", relative to the turn), or None:
+    no message, a message that is not the user's or is empty, or a function already `offered`."""
+    if not turn.messages:
+        return "messages: a user turn needs at least one message"
+    for j, m in enumerate(turn.messages):
+        if m.role != "user":
+            return f"messages[{j}].role: a user turn holds user messages, got {m.role!r}"
+        if not m.content.strip():
+            return f"messages[{j}].content: the user message is empty"
+    names = set(offered)
+    for k, spec in enumerate(turn.tools):
+        if spec.name in names:
+            return f"tools[{k}]: tool {spec.name!r} is already offered before this turn"
+        names.add(spec.name)
+    return None

@@ -130,18 +130,31 @@ def test_multi_turn_state_matches_bfcl_execution(bfcl):
 
 @pytest.mark.external
 @pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
-def test_multi_turn_end_state_verdicts(bfcl):
+def test_multi_turn_verdicts_per_turn(bfcl):
     task = bfcl.load_tasks("multi_turn_base", ids=["multi_turn_base_0"])[0]
-    names = [c.name for c in task.gold.calls]
-    assert names[:3] == ["cd", "mkdir", "mv"] and "grep" in names
     gold = bfcl.gold_prediction(task)
-    drop_write = {**gold, "calls": [c for i, c in enumerate(gold["calls"]) if i != names.index("mkdir")]}
-    drop_read = {**gold, "calls": [c for i, c in enumerate(gold["calls"]) if i != names.index("grep")]}
-    wrong_value = {**gold, "calls": [dict(c) for c in gold["calls"]]}
-    wrong_value["calls"][1] = {"name": "mkdir", "arguments": {"dir_name": "tmp"}}
-    verdicts = [r["valid"] for r in bfcl.verify_predictions("multi_turn_base", [gold, drop_write, drop_read, wrong_value])]
-    # BFCL compares state, not call lists: dropping a read-only grep changes nothing
-    assert verdicts == [True, False, True, False]
+    assert [[c["name"] for c in turn] for turn in gold["turns"]][:2] == [["cd", "mkdir", "mv"], ["cd", "grep"]]
+
+    def edit(fn):
+        turns = [list(turn) for turn in gold["turns"]]
+        fn(turns)
+        return {**gold, "turns": turns}
+
+    cases = {
+        "gold": gold,
+        "drop_write": edit(lambda turns: turns[0].pop(1)),  # mkdir: mv then moves the file onto a name
+        "drop_read": edit(lambda turns: turns[1].pop(1)),  # grep: the state is the same, its result is missing
+        "wrong_value": edit(lambda turns: turns[0].__setitem__(1, {"name": "mkdir", "arguments": {"dir_name": "tmp"}})),
+        "grep_a_turn_late": edit(lambda turns: turns[2].insert(0, turns[1].pop(1))),
+        "flat": {"id": gold["id"], "calls": [c for turn in gold["turns"] for c in turn]},
+    }
+    rows = dict(zip(cases, bfcl.verify_predictions("multi_turn_base", list(cases.values()))))
+    assert {k: r["valid"] for k, r in rows.items()} == {
+        "gold": True, "drop_write": False, "drop_read": False, "wrong_value": False, "grep_a_turn_late": False, "flat": False,
+    }
+    assert rows["drop_write"]["reason"].startswith("state_mismatch: the tool state after turn 0")
+    assert rows["drop_read"]["reason"].startswith("response_mismatch: 1 result(s) of turn 1's gold calls")
+    assert rows["flat"]["reason"] == f"expected {task.num_turns} turns of calls, got 1"
 
 
 @pytest.mark.external
@@ -149,10 +162,20 @@ def test_multi_turn_end_state_verdicts(bfcl):
 @pytest.mark.parametrize("category", ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"])
 def test_multi_turn_tasks_load_and_gold_passes(bfcl, category):
     tasks = bfcl.load_tasks(category, limit=15)
+    entries = {e["id"]: e for e in bfcl._entries(category)}
     for t in tasks:
+        entry = entries[t.metadata["bfcl_id"]]
         assert t.metadata["state_view_key"] == "world" and t.initial_state["log"] == []
+        assert t.num_turns == len(entry["question"]) == len(t.gold.turn_calls)
+        held_back = {int(k): names for k, names in t.metadata["missed_function"].items()}
         offered = {s.name for s in t.tools}
-        assert not offered & {name for names in t.metadata["missed_function"].values() for name in names}
+        assert not offered & {name for names in held_back.values() for name in names}
+        # a held-back function is offered from the turn BFCL hands it over, which says BFCL's prompt
+        for turn, user_turn in enumerate(t.user_turns, start=1):
+            assert [s.name for s in user_turn.tools] == held_back.get(turn, [])
+            said = [m.content for m in user_turn.messages]
+            assert said == ([bfcl.ADDED_FUNCTIONS_PROMPT] if turn in held_back else [m["content"] for m in entry["question"][turn]])
+    assert (category == "multi_turn_miss_func") == any(u.tools for t in tasks for u in t.user_turns)
     assert all(r["valid"] for r in bfcl.verify_predictions(category, [bfcl.gold_prediction(t) for t in tasks]))
 
 
@@ -169,9 +192,11 @@ def test_toolboxes_resolve_through_the_registry(bfcl):
     box = get_toolbox("bfcl:multi_turn_base")
     assert box.tools["cd"].stateful and box.tools["mkdir"].stateful
     task = bfcl.load_tasks("multi_turn_base", limit=1)[0]
-    actions = [Action(text=c.name, tool_calls=[c]) for c in task.gold.calls] + [Action(text="Done.", final_answer="Done.")]
+    done = Action(text="Done.", final_answer="Done.")
+    actions = [a for turn in task.gold.turn_calls for a in [*(Action(text=c.name, tool_calls=[c]) for c in turn), done]]
     result = CompositeReward().score(execute(task, actions))
-    assert result.success and {v.name: v.passed for v in result.verdicts}["end_state"] is True
+    assert result.success and {v.name: v.passed for v in result.verdicts}["multi_turn"] is True
+    assert "end_state" not in {v.name for v in result.verdicts}  # judged turn by turn instead
 
 
 def _verify_cli(*args: str):
@@ -281,6 +306,7 @@ def test_multi_turn_through_toolenv_and_sandbox(bfcl):
         for text in gold_turns(task):
             state = env.step(state, text).state
         gold = state.episode()
+        assert gold.done and state.turn == task.num_turns - 1 and len(gold.turn_states) == task.num_turns - 1
         assert all(r.ok for s in gold.steps for r in s.results)
         assert reward.score(gold).success
         # the same episode without the mkdir: mv then moves the file onto a name, not into a folder
@@ -288,4 +314,6 @@ def test_multi_turn_through_toolenv_and_sandbox(bfcl):
         for text in [t for t in gold_turns(task) if '"mkdir"' not in t]:
             state = env.step(state, text).state
         result = reward.score(state.episode())
-        assert not result.success and {v.name: v.passed for v in result.verdicts}["end_state"] is False
+        verdict = {v.name: v for v in result.verdicts}["multi_turn"]
+        assert not result.success and verdict.passed is False
+        assert (verdict.details["error_type"], verdict.details["turn"]) == ("state_mismatch", 0)

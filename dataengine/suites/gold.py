@@ -31,13 +31,17 @@ def gold_turns(task: Task, *, sort_keys: bool = True) -> list[str]:
     """The assistant texts that solve `task`: one tool call per turn, then the final answer.
 
     The final text is gold.answer, else metadata["gold_reply"] (a confirmation for tasks judged
-    by end state), else "Done.".
+    by end state), else "Done.". A multi-turn task (gold.turn_calls) gets each user turn's calls
+    followed by "Done." (which starts the next user turn), the last turn's by the final text.
     """
-    turns = [render_call(c, sort_keys=sort_keys) for c in task.gold.calls]
     final = task.gold.answer
     if final is None:
         final = task.metadata.get("gold_reply", DEFAULT_REPLY)
-    turns.append(str(final))
+    per_turn = task.gold.turn_calls or [task.gold.calls]
+    turns: list[str] = []
+    for t, calls in enumerate(per_turn):
+        turns += [render_call(c, sort_keys=sort_keys) for c in calls]
+        turns.append(str(final) if t == len(per_turn) - 1 else DEFAULT_REPLY)
     return turns
 
 

@@ -40,6 +40,7 @@ from dataengine.verifiers.end_state import (
     replay_in_process,
     state_view,
 )
+from dataengine.verifiers.multi_turn import MultiTurnVerifier, run_turns
 from dataengine.verifiers.schema import FormatVerifier, schema_errors
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "FinalAnswerVerifier",
     "FormatVerifier",
     "LengthVerifier",
+    "MultiTurnVerifier",
     "NumericArgumentsVerifier",
     "RewardResult",
     "RewardWeights",
@@ -73,6 +75,7 @@ __all__ = [
     "outcome_verdicts",
     "replay_in_process",
     "rule_verifiers",
+    "run_turns",
     "schema_errors",
     "standardize_string",
     "state_view",

@@ -26,6 +26,7 @@ from dataengine.types import Action, Episode, Step, Task, ToolCall, ToolResult
 from dataengine.verifiers.base import is_stateful
 from dataengine.verifiers.composite import CompositeReward
 from dataengine.verifiers.end_state import end_state_hash, replay_in_process
+from dataengine.verifiers.multi_turn import TURN_REPLY
 from dataengine.verifiers.perturb import perturb_calls
 from dataengine.verifiers.schema import schema_errors
 
@@ -59,13 +60,15 @@ def execute(task: Task, actions: list[Action]) -> Episode:
     """Run `actions` in order against the task's toolbox in this process; the resulting Episode.
 
     Each call gets a ToolResult like the sandbox gives: unknown_tool, bad_arguments (schema),
-    exception (the state is left as before the call), or ok.
+    exception (the state is left as before the call), or ok. As in ToolEnv, a final answer
+    starts the task's next user turn while its schedule has one.
     """
     from dataengine.tools.registry import get_toolbox
 
     toolbox = get_toolbox(task.toolbox)
     state = _copy(toolbox.initial_state(task))
     steps = []
+    turn, turn_states, episode_task = 0, [], task
     for action in actions:
         results = []
         for call in action.tool_calls if action.parse_error is None else []:
@@ -86,9 +89,17 @@ def execute(task: Task, actions: list[Action]) -> Episode:
             if tool.stateful:
                 state = trial
             results.append(ToolResult(call=call, status="ok", output=json.loads(json.dumps(output, default=str))))
-        steps.append(Step(action=action, results=results))
-    done = bool(actions) and actions[-1].is_final
-    return Episode(task=task, steps=steps, final_state=state, done=done)
+        observations = []
+        if action.is_final and turn < len(task.user_turns):
+            nxt = task.user_turns[turn]
+            observations = list(nxt.messages)
+            if nxt.tools:
+                episode_task = episode_task.model_copy(update={"tools": [*episode_task.tools, *nxt.tools]})
+            turn_states.append(state)
+        steps.append(Step(action=action, results=results, observations=observations, turn=turn))
+        turn += bool(observations)
+    done = bool(actions) and actions[-1].is_final and turn == len(task.user_turns)
+    return Episode(task=episode_task, steps=steps, final_state=state, done=done, turn_states=turn_states)
 
 
 def _final_text(task: Task) -> str:
@@ -106,6 +117,20 @@ def _answer(text: str) -> Action:
     return Action(text=text, final_answer=text)
 
 
+def _by_turn(calls_by_turn: list[list[ToolCall]], final: Action, parallel: bool = False) -> list[Action]:
+    """Each user turn's calls, closed by "Done." (which starts the next turn), the last by `final`."""
+    out: list[Action] = []
+    for t, calls in enumerate(calls_by_turn):
+        out += _call_actions(calls, parallel)
+        out.append(final if t == len(calls_by_turn) - 1 else _answer(TURN_REPLY))
+    return out
+
+
+def _actions(task: Task, calls: list[ToolCall], final: Action, parallel: bool = False) -> list[Action]:
+    """`calls` in the first user turn, then `final`; the later turns of a multi-turn task are closed at once."""
+    return _by_turn([calls] + [[] for _ in task.user_turns], final, parallel)
+
+
 
 
 def _wrong_answer(gold: str) -> str:
@@ -117,13 +142,15 @@ def _wrong_answer(gold: str) -> str:
     return "I am not sure, maybe qwzx."
 
 
-def _drop_effective_write(task: Task) -> list[ToolCall] | None:
-    """Gold calls minus the last call whose removal changes the end state (None if none does)."""
-    calls = list(task.gold.calls)
-    reference = end_state_hash(task, replay_in_process(task, calls))
-    for i in range(len(calls) - 1, -1, -1):
-        rest = calls[:i] + calls[i + 1 :]
-        if end_state_hash(task, replay_in_process(task, rest)) != reference:
+def _drop_effective_write(task: Task) -> list[list[ToolCall]] | None:
+    """The gold calls of each user turn minus the last call whose removal changes the end state
+    (None if none does)."""
+    turns = [list(t) for t in task.gold.turn_calls] or [list(task.gold.calls)]
+    where = [(t, i) for t, turn in enumerate(turns) for i in range(len(turn))]
+    reference = end_state_hash(task, replay_in_process(task, list(task.gold.calls)))
+    for t, i in reversed(where):
+        rest = [turn[:i] + turn[i + 1 :] if u == t else turn for u, turn in enumerate(turns)]
+        if end_state_hash(task, replay_in_process(task, [c for turn in rest for c in turn])) != reference:
             return rest
     return None
 
@@ -147,7 +174,11 @@ def labelled_episodes(task: Task, source: str) -> list[Labelled]:
         gold_labels["final_answer"] = True
     if is_stateful(task):
         gold_labels["end_state"] = True
-    out.append(Labelled(source, "gold", execute(task, [*_call_actions(calls, parallel), final]), gold_labels))
+    if task.gold.turn_calls:
+        gold_labels.pop("end_state", None)  # judged turn by turn instead
+        gold_labels["multi_turn"] = True
+    gold_actions = _by_turn(gold.turn_calls or [calls], final, parallel)
+    out.append(Labelled(source, "gold", execute(task, gold_actions), gold_labels))
 
     for p in perturb_calls(calls, task.tools, gold.acceptable or None):
         labels = dict(CALL_LABELS[p.kind])
@@ -159,26 +190,27 @@ def labelled_episodes(task: Task, source: str) -> list[Labelled]:
                 labels.pop("which", None)
         if arguments_decide:
             labels["success"] = labels["arguments"]
-        out.append(Labelled(source, p.kind, execute(task, [*_call_actions(p.calls, parallel), final]), labels))
+        out.append(Labelled(source, p.kind, execute(task, _actions(task, p.calls, final, parallel)), labels))
     if gold.answer is not None:
         wrong = _answer(_wrong_answer(gold.answer))
-        out.append(Labelled(source, "wrong_answer", execute(task, [*_call_actions(calls), wrong]), {"final_answer": False, "success": False}))
+        out.append(Labelled(source, "wrong_answer", execute(task, _by_turn(gold.turn_calls or [calls], wrong)), {"final_answer": False, "success": False}))
     if gold.needs_tool:
-        out.append(Labelled(source, "no_call", execute(task, [final]), {"when": False, "success": False}))
+        out.append(Labelled(source, "no_call", execute(task, _actions(task, [], final)), {"when": False, "success": False}))
     elif task.tools:
         spec = task.tools[0]
         needless = ToolCall(name=spec.name, arguments={})
-        out.append(Labelled(source, "needless_call", execute(task, [*_call_actions([needless]), final]), {"when": False, "success": False}))
+        out.append(Labelled(source, "needless_call", execute(task, _actions(task, [needless], final)), {"when": False, "success": False}))
     if is_stateful(task) and calls:
         rest = _drop_effective_write(task)
         if rest is not None:
-            out.append(Labelled(source, "drop_write", execute(task, [*_call_actions(rest), final]), {"end_state": False, "success": False}))
+            labels = {"multi_turn": False, "success": False} if gold.turn_calls else {"end_state": False, "success": False}
+            out.append(Labelled(source, "drop_write", execute(task, _by_turn(rest, final)), labels))
     broken = Action(text='<tool_call>{"name": ', parse_error="unterminated JSON in <tool_call>")
-    out.append(Labelled(source, "parse_error", execute(task, [broken, *_call_actions(calls), final]), {"format": False, "success": True}))
+    out.append(Labelled(source, "parse_error", execute(task, [broken, *_by_turn(gold.turn_calls or [calls], final)]), {"format": False, "success": True}))
     padded = _answer(_final_text(task) + " " + "and so on " * 300)
-    out.append(Labelled(source, "overlong", execute(task, [*_call_actions(calls), padded]), {"length": False}))
+    out.append(Labelled(source, "overlong", execute(task, _by_turn(gold.turn_calls or [calls], padded)), {"length": False}))
     if calls:
-        loop = [*_call_actions(calls[:1]) * 3, *_call_actions(calls[1:]), final]
+        loop = [*_call_actions(calls[:1]) * 3, *_actions(task, calls[1:], final)]
         out.append(Labelled(source, "loop", execute(task, loop), {"efficiency": False}))
     return out
 

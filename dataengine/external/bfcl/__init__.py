@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataengine.external.bfcl.checks import (
     PredictionError,
     check_prediction,
+    check_turns,
     gold_prediction,
     read_predictions,
     score_predictions,
@@ -32,6 +33,7 @@ from dataengine.external.bfcl.runtime import (
     world,
 )
 from dataengine.external.bfcl.tasks import (
+    ADDED_FUNCTIONS_PROMPT,
     ALIASES,
     AST_CATEGORIES,
     CATEGORIES,
@@ -54,6 +56,7 @@ from dataengine.external.bfcl.tasks import (
 )
 
 __all__ = [
+    "ADDED_FUNCTIONS_PROMPT",
     "ALIASES",
     "AST_CATEGORIES",
     "CATEGORIES",
@@ -67,6 +70,7 @@ __all__ = [
     "call_method",
     "canonical_category",
     "check_prediction",
+    "check_turns",
     "data_dir",
     "gold_prediction",
     "initial_state",

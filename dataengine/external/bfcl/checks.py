@@ -1,7 +1,10 @@
-"""Checking BFCL predictions the way BFCL does (AST rules; end state for multi-turn), for `dataengine verify bfcl`.
+"""Checking BFCL predictions the way BFCL does (AST rules; per-turn state and results for
+multi-turn), for `dataengine verify bfcl`.
 
-A prediction is {"id": BFCL id, "calls": [{"name": ..., "arguments": {...}}]} (multi-turn: all
-calls in order, or "turns": [[call, ...], ...]).
+A prediction is {"id": BFCL id, "calls": [{"name": ..., "arguments": {...}}]}; multi-turn:
+{"id", "turns": [[call, ...], ...]}, the calls of each user turn in order (a task of one turn
+may give "calls"). A multi-turn prediction with another number of turns than the task is
+invalid, as BFCL counts a run that stopped early.
 
 A prediction file is scored per task: each id of the category at most once (a repeated id is an
 error, not a second vote), and a task with no prediction counts as a failure, so accuracy is
@@ -16,7 +19,6 @@ from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dataengine.external.bfcl.runtime import run_calls
 from dataengine.external.bfcl.tasks import (
     MULTI_TURN_CATEGORIES,
     RELEVANCE_CATEGORIES,
@@ -27,15 +29,26 @@ from dataengine.external.bfcl.tasks import (
 from dataengine.types import Task, ToolCall
 
 
-def _calls_from(prediction: dict[str, Any]) -> list[ToolCall]:
-    raw = prediction.get("calls")
-    if raw is None and "turns" in prediction:
+def _turns_from(prediction: dict[str, Any]) -> list[list[ToolCall]]:
+    """The calls of each user turn: "turns", or "calls" as one turn."""
+    if "turns" in prediction and prediction.get("calls") is None:
         turns = prediction["turns"]
         if not isinstance(turns, list) or not all(isinstance(turn, list) for turn in turns):
             raise ValueError("'turns' must be a list of lists of calls")
-        raw = [c for turn in turns for c in turn]
+        return [_parse_calls(turn) for turn in turns]
+    return [_calls_from(prediction)]
+
+
+def _calls_from(prediction: dict[str, Any]) -> list[ToolCall]:
+    raw = prediction.get("calls")
+    if raw is None and "turns" in prediction:
+        return [c for turn in _turns_from(prediction) for c in turn]
     if raw is None:
         raise ValueError("prediction has neither 'calls' nor 'turns'")
+    return _parse_calls(raw)
+
+
+def _parse_calls(raw: Any) -> list[ToolCall]:
     if not isinstance(raw, list):
         raise ValueError("'calls' must be a list of {'name': ..., 'arguments': {...}}")
     calls = []
@@ -52,15 +65,29 @@ def _calls_from(prediction: dict[str, Any]) -> list[ToolCall]:
 
 
 @functools.lru_cache(maxsize=1)
-def _end_state_verifier(cls: type) -> Any:
-    # one instance, so each task's gold end state is replayed once per process
-    return cls()
+def _multi_turn_verifier() -> Any:
+    # one instance, so each task's gold turns are replayed once per process
+    from dataengine.verifiers import MultiTurnVerifier
+
+    return MultiTurnVerifier()
+
+
+def check_turns(task: Task, turns: list[list[ToolCall]]) -> tuple[bool, str]:
+    """(valid, reason) of a multi-turn prediction: the calls of each user turn, executed in
+    this process and judged turn by turn (MultiTurnVerifier), as BFCL's multi-turn checker."""
+    from dataengine.verifiers import run_turns
+
+    if len(turns) != task.num_turns:
+        return False, f"expected {task.num_turns} turns of calls, got {len(turns)}"
+    v = _multi_turn_verifier().verify(run_turns(task, turns))
+    return bool(v.passed), "" if v.passed else f"{v.details['error_type']}: {v.details['error']}"
 
 
 def check_prediction(task: Task, calls: list[ToolCall]) -> tuple[bool, str]:
-    """(valid, reason) of one prediction, BFCL's way for the task's category."""
+    """(valid, reason) of one prediction, BFCL's way for the task's category (a multi-turn
+    task: `calls` as its only turn; see check_turns)."""
     from dataengine.types import Action, Episode, Step
-    from dataengine.verifiers import ArgumentsVerifier, EndStateVerifier
+    from dataengine.verifiers import ArgumentsVerifier
 
     category = task.metadata["bfcl_category"]
     if category in RELEVANCE_CATEGORIES:
@@ -68,9 +95,7 @@ def check_prediction(task: Task, calls: list[ToolCall]) -> tuple[bool, str]:
         ok = bool(calls) == want
         return ok, "" if ok else ("expected no call" if not want else "expected at least one call")
     if category in MULTI_TURN_CATEGORIES:
-        episode = Episode(task=task, final_state=run_calls(task, calls))
-        v = _end_state_verifier(EndStateVerifier).verify(episode)
-        return bool(v.passed), "" if v.passed else "end state differs from the state after the gold calls"
+        return check_turns(task, [calls])
     episode = Episode(task=task, steps=[Step(action=Action(text="", tool_calls=calls))])
     v = ArgumentsVerifier().verify(episode)
     return bool(v.passed), "" if v.passed else f"{v.details['error_type']}: {v.details['error']}"
@@ -85,18 +110,26 @@ def verify_predictions(category: str, predictions: Iterable[dict[str, Any]]) -> 
         if task is None:
             yield {"id": pid, "valid": False, "reason": f"unknown id for BFCL category {category!r}"}
             continue
+        multi_turn = task.metadata["bfcl_category"] in MULTI_TURN_CATEGORIES
         try:
-            calls = _calls_from(prediction)
+            parsed = _turns_from(prediction) if multi_turn else _calls_from(prediction)
         except (ValueError, json.JSONDecodeError) as exc:
             yield {"id": pid, "valid": False, "reason": f"malformed prediction: {exc}"}
             continue
-        valid, reason = check_prediction(task, calls)
+        valid, reason = check_turns(task, parsed) if multi_turn else check_prediction(task, parsed)
         yield {"id": pid, "valid": valid, "reason": reason}
 
 
+def _call_dicts(calls: Iterable[ToolCall]) -> list[dict[str, Any]]:
+    return [{"name": c.name, "arguments": c.arguments} for c in calls]
+
+
 def gold_prediction(task: Task) -> dict[str, Any]:
-    """The prediction line that reproduces the gold calls of a task (for tests and examples)."""
-    return {"id": task.metadata["bfcl_id"], "calls": [{"name": c.name, "arguments": c.arguments} for c in task.gold.calls]}
+    """The prediction line that reproduces the gold calls of a task (for tests and examples):
+    "turns" for a multi-turn task, else "calls"."""
+    if task.gold.turn_calls:
+        return {"id": task.metadata["bfcl_id"], "turns": [_call_dicts(turn) for turn in task.gold.turn_calls]}
+    return {"id": task.metadata["bfcl_id"], "calls": _call_dicts(task.gold.calls)}
 
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}

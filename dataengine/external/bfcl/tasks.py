@@ -8,15 +8,13 @@ under possible_answer/):
 - relevance: irrelevance, live_irrelevance (no call is right), live_relevance (any call is).
 - multi turn: multi_turn_base, multi_turn_miss_func, multi_turn_miss_param,
   multi_turn_long_context. Stateful ToolEnv tasks over BFCL's own Python tool classes
-  (bfcl_eval/eval_checker/multi_turn_eval/func_source_code/). Gold: the end state after
-  replaying the ground-truth calls (BFCL's state check: public attributes of every instance).
+  (bfcl_eval/eval_checker/multi_turn_eval/func_source_code/). The later user turns are the
+  task's `user_turns`; a turn that BFCL leaves empty because it hands over held-back functions
+  (miss_func) says BFCL's own prompt for it and adds those functions to the offered tools.
+  Gold: the ground-truth calls of each turn (`gold.turn_calls`), judged turn by turn as BFCL's
+  multi-turn checker does (dataengine.verifiers.multi_turn).
 
 The multi-turn tool state and the toolboxes `bfcl:<category>` are in runtime.py.
-
-Differences from BFCL's own runner: one Task holds the first user turn; later turns are in
-metadata["user_turns"] and functions held back until a turn in metadata["missed_function"]
-(the shared Task type has no per-turn schedule); the multi-turn check compares the end state
-of the whole episode, not each turn's state and responses.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from typing import Any
 
 from dataengine.external import package_dir
 from dataengine.external.bfcl.runtime import INSTALL, initial_state, parse_call
-from dataengine.types import Gold, Message, Task, ToolCall, ToolSpec
+from dataengine.types import Gold, Message, Task, ToolCall, ToolSpec, UserTurn
 
 AST_CATEGORIES = (
     "simple_python",
@@ -227,38 +225,47 @@ def _func_docs(class_name: str) -> tuple[dict[str, Any], ...]:
     return tuple(read_jsonl(data_dir() / "multi_turn_func_doc" / FUNC_DOC_FILES[class_name]))
 
 
+# What BFCL's runner says as the user in a turn that hands over held-back functions
+# (bfcl_eval.constants.default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC).
+ADDED_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
+
+
 def _multi_turn_task(category: str, entry: dict[str, Any]) -> Task:
     classes = list(entry["involved_classes"])
     excluded = set(entry.get("excluded_function") or [])
-    missed = entry.get("missed_function") or {}
+    missed = {int(k): list(v) for k, v in (entry.get("missed_function") or {}).items()}
     held_back = {name for names in missed.values() for name in names}
-    tools = [
-        tool_spec(doc)
-        for c in classes
-        for doc in _func_docs(c)
-        if doc["name"] not in excluded and doc["name"] not in held_back
-    ]
+    docs = {doc["name"]: doc for c in classes for doc in _func_docs(c)}
+    tools = [tool_spec(doc) for name, doc in docs.items() if name not in excluded and name not in held_back]
     turns = _answers(category).get(entry["id"])
     if turns is None:
         raise ValueError(f"BFCL {category}: no ground truth for {entry['id']!r} in possible_answer/")
-    calls = [parse_call(text, classes) for turn in turns for text in turn]
+    if len(turns) != len(entry["question"]):
+        raise ValueError(f"BFCL {category} {entry['id']!r}: {len(turns)} turns of ground truth for {len(entry['question'])} user turns")
+    user_turns = []
+    for t, question in enumerate(entry["question"][1:], start=1):
+        messages = _messages(question)
+        if not messages and t in missed:
+            messages = [Message(role="user", content=ADDED_FUNCTIONS_PROMPT)]
+        user_turns.append(UserTurn(messages=messages, tools=[tool_spec(docs[name]) for name in missed.get(t, [])]))
+    turn_calls = [[parse_call(text, classes) for text in turn] for turn in turns]
+    calls = [c for turn in turn_calls for c in turn]
     return Task(
         id=f"bfcl/{entry['id']}",
         suite=f"bfcl:{category}",
         messages=_messages(entry["question"][0]),
         tools=tools,
         toolbox=f"bfcl:{category}",
-        gold=Gold(calls=calls, needs_tool=bool(calls)),
+        gold=Gold(turn_calls=turn_calls, needs_tool=bool(calls)),
         split="heldout",
         initial_state=initial_state(entry, category),
+        user_turns=user_turns,
         metadata={
             "bfcl_id": entry["id"],
             "bfcl_category": category,
             "state_view_key": "world",
             "stateful": True,
-            "user_turns": [[m.to_chat() for m in _messages(t)] for t in entry["question"][1:]],
-            "turn_gold_counts": [len(t) for t in turns],
-            "missed_function": missed,
+            "missed_function": {str(k): v for k, v in missed.items()},
             "reference_steps": len(calls) + len(turns),
         },
     )
