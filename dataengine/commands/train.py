@@ -108,7 +108,12 @@ def dpo_command(
     beta: float = typer.Option(0.1, "--beta", help="DPO beta (KL strength)."),
     loss_type: str = typer.Option("sigmoid", "--loss-type", help="TRL DPO loss(es), comma-separated."),
     behaviour_ref: bool = typer.Option(False, "--behaviour-ref/--model-ref",
-                                       help="Reference = behaviour log-probs stored with the pairs (Agent Q)."),
+                                       help="Reference = the behaviour model (the one that sampled the pairs) scoring "
+                                            "TRL's completion tokens once, before training (Agent Q; no reference model "
+                                            "held while training)."),
+    behaviour_model: Optional[str] = typer.Option(None, "--behaviour-model",
+                                                  help="With --behaviour-ref: the model that sampled the pairs "
+                                                       "(default: the one the store records for them)."),
     pair_kind: Optional[str] = typer.Option(None, "--pair-kind", help="Store only: step or trajectory pairs."),
     min_margin: Optional[float] = typer.Option(None, "--min-margin", help="Store only: pairs with margin >= this."),
     lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
@@ -124,7 +129,7 @@ def dpo_command(
                  limit=limit)
     config = _config(DPOTrainConfig, **_common(init, out, steps, epochs, batch_size, lora, lora_rank, seed, max_length,
                                                device, run_id, lr), beta=beta, loss_type=loss_type,
-                     behaviour_ref=behaviour_ref)
+                     behaviour_ref=behaviour_ref, behaviour_model=behaviour_model)
     _train("dpo", config, rows, st)
 
 

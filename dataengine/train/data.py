@@ -88,8 +88,9 @@ def load_training_data(
     kind: pairs ("preference"), sft, or replay ("prompt").
     pair_kind: pairs only: keep "step" or "trajectory" pairs (store rows carry `kind`).
     min_margin: pairs only: keep pairs with margin >= this (store rows carry `margin`).
-    behaviour_ref: pairs only: the rows must carry ref_chosen_logps/ref_rejected_logps
-        (store: taken from chosen_logprob/rejected_logprob); pairs lacking them are refused.
+    behaviour_ref: pairs only: also read the logged sampling log-probs (ref_chosen_logps /
+        ref_rejected_logps, from chosen_logprob / rejected_logprob); optional per row. DPO's
+        behaviour reference re-scores TRL's completion tokens (dataengine.train.reference).
     drop_zero_variance: replay only: drop prompts whose p_success is 0 or 1 (every sample would
         get the same reward, so GRPO's group advantage is zero and they teach nothing).
     limit: keep the first `limit` rows after filtering.
@@ -277,15 +278,11 @@ def _normalise_row(spec: DatasetKind, row: dict[str, Any], index: int, *, behavi
         for column in ("chosen", "rejected"):
             if not out[column] or out[column][0]["role"] != "assistant":
                 raise TrainingDataError(f"{where}: row {index} column {column!r} must start with an assistant message")
-        if behaviour_ref or "ref_chosen_logps" in row:
+        # Logged sampling log-probs travel along when present; the DPO behaviour reference does not
+        # use them (it scores exactly TRL's completion tokens with the behaviour model instead).
+        if row.get("ref_chosen_logps") is not None and row.get("ref_rejected_logps") is not None:
             for column in ("ref_chosen_logps", "ref_rejected_logps"):
-                value = row.get(column)
-                if value is None:
-                    raise TrainingDataError(
-                        f"{where}: row {index} lacks {column!r}, needed to use the behaviour log-probs as the DPO "
-                        "reference (turn that option off, or export pairs with their log-probs)"
-                    )
-                out[column] = float(value)
+                out[column] = float(row[column])
     if spec.name == "sft" and not any(m["role"] == "assistant" for m in out["messages"]):
         raise TrainingDataError(f"{where}: row {index} has no assistant message: nothing to train on")
     if spec.name == "replay":
