@@ -169,6 +169,7 @@ NODES = TableSpec(
         _c("transposition_of", _I, "node_id of the earlier node of the tree with an equal state, whose value estimate this node reused"),
         _c("budget_received", _I, "root row only: generated tokens the tree received from solved trees of its batch"),
         _c("budget_given", _I, "root row only: generated tokens the tree gave to the unsolved trees of its batch once solved"),
+        _c("turn", _I, "user turn (0-based) the conversation is in at this node: a reply that ends a turn of a multi-turn task moves its node to the next turn"),
     ),
 )
 
@@ -194,6 +195,8 @@ TRAJECTORIES = TableSpec(
         _c("verdicts", VERDICTS, "verifier verdicts of the episode"),
         _c("model_id", _S, "policy model"),
         _c("traj_hash", _S, "hash of the normalised trajectory (exact dedup key)"),
+        # Added after v1 (compatible: rows written before read these as null).
+        _c("turn", _I, "user turn (0-based) the episode ended in; the task's last turn when it played every turn"),
     ),
 )
 

@@ -215,6 +215,7 @@ def trajectory_rows(report: EvalReport) -> list[dict[str, Any]]:
             "verdicts": verdict_structs(o.verdicts),
             "model_id": report.model_id,
             "traj_hash": trajectory_hash(messages),
+            "turn": r.state.turn,
         })
     return rows
 

@@ -58,6 +58,7 @@ def trajectory_row(
         "verdicts": verdict_structs(verdicts),
         "model_id": model_id,
         "traj_hash": trajectory_hash([m.to_chat() for m in state.messages]),
+        "turn": state.turn,
     }
 
 
@@ -129,6 +130,7 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
                 "transposition_of": None if node.transposition_of is None else index[node.transposition_of],
                 "budget_received": budget.received[node.tree] if budget is not None and edge is None else None,
                 "budget_given": budget.given[node.tree] if budget is not None and edge is None else None,
+                "turn": node.state.turn,
             }
         )
         if node.terminal:
