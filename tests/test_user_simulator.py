@@ -68,3 +68,26 @@ def test_missing_instructions_and_bad_cap_are_clear_errors(tiny):
         UserSimulator(tiny).reply(_agent_side())
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         UserSimulator(tiny, SCENARIO, max_turns=0)
+
+
+def test_simulator_drives_toolenv_user_turns_until_its_cap(tiny, env):
+    """The simulator as ToolEnv's next_user_turn hook: each reply of the agent gets a user
+    message as a new turn; at the cap the hook ends the episode."""
+    from dataengine.env import ToolEnv
+    from dataengine.suites.arithmetic import SUITE
+    from dataengine.suites.base import generate
+
+    task = generate(SUITE, 1, 0, seed=0)[0]
+    task = task.model_copy(update={"messages": [Message(role="system", content="Help the customer."), Message(role="assistant", content=GREETING)]})
+    sim = UserSimulator(tiny, SCENARIO, max_turns=2, max_new_tokens=8)
+    started = sim.start(task)
+    assert [m.role for m in started.messages] == ["system", "assistant", "user"] and started.messages[-1].content
+    multi = ToolEnv(env.sandbox, max_steps=3, next_user_turn=sim)
+    state = multi.reset(started)
+    out = multi.step(state, "Sure, what is the order number?")
+    assert not out.done and out.state.turn == 1
+    (said,) = out.observations
+    assert said.role == "user" and said.content == sim.next_message(state.messages + (Message(role="assistant", content="Sure, what is the order number?"),))
+    end = multi.step(out.state, "Thanks, anything else?")
+    # two user messages said: the cap ends the conversation
+    assert end.done and end.state.done and not end.state.truncated and end.state.turn == 1

@@ -10,6 +10,10 @@ the reply then says truncated, with the reason.
 
 Sampling is seeded from the conversation itself, so the same conversation always gets the same
 user message (a search branch replays the same).
+
+Wiring into ToolEnv: `sim = UserSimulator(policy)`; `env = ToolEnv(sandbox, next_user_turn=sim)`;
+`state = env.reset(sim.start(task))` (start adds the user's answer to the agent's greeting).
+When the simulator stops or hits its cap the hook returns None and the episode ends.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dataengine.policy.base import Conversation, Policy
-from dataengine.types import Message, stable_hash
+from dataengine.types import Message, Task, UserTurn, stable_hash
+
+if TYPE_CHECKING:
+    from dataengine.env import EnvState
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
@@ -177,11 +184,18 @@ class UserSimulator:
         empty message: `reply` says which)."""
         return self.reply(conversation, instructions).text
 
-    def __call__(self, state: Any) -> Any:
-        """ToolEnv's next_user_turn hook: the next UserTurn for an EnvState, or None to end the
-        episode. Instructions come from state.task.metadata["user_instructions"] unless given."""
-        from dataengine.types import UserTurn
+    def start(self, task: Task) -> Task:
+        """`task` with the user's first message appended (the answer to the agent's greeting), to
+        reset a ToolEnv with. ValueError naming the task when the simulator ends at once."""
+        reply = self.reply(task.messages, self.instructions or task.metadata.get("user_instructions"))
+        if reply.text is None:
+            raise ValueError(f"task {task.id!r}: the user simulator ended the conversation before it began ({reply.reason})")
+        return task.model_copy(update={"messages": [*task.messages, Message(role="user", content=reply.text)]})
 
+    def __call__(self, state: EnvState) -> UserTurn | None:
+        """ToolEnv's next_user_turn hook: the next UserTurn for an EnvState, or None to end the
+        episode (stop token or turn cap). Instructions: the simulator's, else
+        state.task.metadata["user_instructions"]."""
         instructions = self.instructions or state.task.metadata.get("user_instructions")
         text = self.reply(state.messages, instructions).text
         return None if text is None else UserTurn(messages=[Message(role="user", content=text)])
