@@ -60,7 +60,7 @@ def _run_gold_through_env(env, task, calls):
     from dataengine.suites.gold import render_call
 
     s = env.reset(task)
-    for text in [render_call(c) for c in calls] + ["Done."]:
+    for text in [render_call(c) for c in calls] + [task.metadata["gold_reply"]]:
         s = env.step(s, text).state
     return s.episode()
 
@@ -84,7 +84,7 @@ def test_gold_replay_through_toolenv_scores_one_and_dropped_write_zero(tau2):
             assert all(r.ok for s in gold.steps for r in s.results), task.id
             result = reward.score(gold)
             verdicts = {v.name: v.passed for v in result.verdicts}
-            assert result.success and verdicts["end_state"] is True, (task.id, verdicts)
+            assert result.success and verdicts["end_state"] is True and verdicts["tau2"] is True, (task.id, verdicts)
             dropped = [c for i, c in enumerate(task.gold.calls) if i != writes[-1]]
             bad = reward.score(_run_gold_through_env(env, task, dropped))
             assert not bad.success and {v.name: v.passed for v in bad.verdicts}["end_state"] is False
