@@ -184,7 +184,8 @@ def tau2_messages(episode: Episode) -> tuple[list[Any], int]:
     calls), tool results ToolMessages holding what tau2's own Environment answers to the same
     calls; unparsable turns are left out (they never reach the user).
     """
-    from tau2.data_model.message import AssistantMessage, ToolCall as Tau2Call, UserMessage
+    from tau2.data_model.message import AssistantMessage, UserMessage
+    from tau2.data_model.message import ToolCall as Tau2Call
 
     domain = episode.task.metadata["domain"]
     env = _environment(domain)()
