@@ -21,6 +21,7 @@ from flows.runtime import (
     artifact_key,
     ensure_accelerator_limit,
     make_task_runner,
+    node_info,
     ray_options,
     shard_options,
 )
@@ -31,7 +32,8 @@ Method = Literal["mcts", "best_of_n", "greedy"]
 @task(name="generate-shard", task_run_name="generate {run_id} shard {index}", tags=["dataengine", "accelerator"])
 def generate_shard(config: EngineConfig, run_id: str, index: int) -> dict[str, Any]:
     """Shard `index` of the config's tasks, searched and committed (or skipped when committed);
-    the counts plus model_id and verifier_versions for the run's lineage row."""
+    the counts plus model_id and verifier_versions for the run's lineage row, and `node`:
+    where it ran (`node_info`: hostname, pid, Ray node id)."""
     from dataengine.stages.generate import generate_shard as run_stage, plan_generate
     from dataengine.stages.progress import Progress
     from dataengine.stages.resources import open_store, shared_resources
@@ -41,13 +43,13 @@ def generate_shard(config: EngineConfig, run_id: str, index: int) -> dict[str, A
         raise ValueError(f"shard index {index} out of range: the config has {len(plan.shards)} shard(s)")
     shard = plan.shards[index]
     if shard.shard_id in open_store(config.store).committed_shards("tasks", run_id):
-        return {"shard_id": shard.shard_id, "skipped": True, "trees": 0}
+        return {"shard_id": shard.shard_id, "skipped": True, "trees": 0, "node": node_info()}
     with accelerator_slot():
         res = shared_resources(config, plan.toolboxes)
         label = f"{config.generate.method} shard {index}"
         with Progress(len(shard.tasks), label, terminal=False, log=get_run_logger().info) as bar:
             result = run_stage(res, run_id, shard, on_progress=bar.update).as_dict()
-    return {**result, "model_id": res.policy.model_id, "verifier_versions": res.reward.versions()}
+    return {**result, "model_id": res.policy.model_id, "verifier_versions": res.reward.versions(), "node": node_info()}
 
 
 def summary_markdown(title: str, run_id: str, store: str, shards: list[dict[str, Any]], skipped: int) -> str:

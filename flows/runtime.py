@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -30,10 +31,19 @@ class RuntimeConfig(Section):
     task_runner: Literal["thread", "ray"] = Field("thread", description="run shards in threads here, or on Ray")
     workers: int = Field(2, ge=1, description="threads of the thread runner")
     ray_address: str | None = Field(
-        None, description="Ray cluster address ('auto', 'ray://host:10001'); None starts a local Ray"
+        None, description="Ray cluster address ('auto', 'host:6379' of a head node, 'ray://host:10001'); None starts a local Ray"
     )
     ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray instance (None: all)")
     gpus_per_shard: float = Field(0.0, ge=0, description="GPUs a shard task asks Ray for (one backend per GPU worker)")
+    shard_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources a shard task asks for, e.g. {'worker': 1}: shards run only on nodes "
+                    "started with --resources '{\"worker\": 1}'",
+    )
+    ray_spread: bool = Field(
+        False, description="Ray's SPREAD scheduling: shard tasks go to the nodes in turn instead of filling the first node")
+    ray_max_retries: int | None = Field(
+        None, ge=0, description="Ray's reruns of a shard task whose worker process or node died (None: Ray's default, 3)")
     accelerator_slots: int = Field(1, ge=1, description="shard tasks using the model at the same time")
     retries: int = Field(2, ge=0, description="retries of a shard after a transient error")
     retry_delay_s: float = Field(2.0, ge=0, description="first retry delay; doubles each retry (jittered)")
@@ -99,8 +109,31 @@ def make_task_runner(runtime: RuntimeConfig) -> Any:
 
 
 def ray_options(runtime: RuntimeConfig) -> dict[str, Any]:
-    """Ray resources of one shard task (a GPU each, so each GPU worker holds one backend)."""
-    return {"num_gpus": runtime.gpus_per_shard} if runtime.gpus_per_shard else {}
+    """Ray options of one shard task: its GPUs (one each, so each GPU worker holds one backend),
+    custom resources, SPREAD scheduling and task retries, as set in `runtime`."""
+    options: dict[str, Any] = {}
+    if runtime.gpus_per_shard:
+        options["num_gpus"] = runtime.gpus_per_shard
+    if runtime.shard_resources:
+        options["resources"] = dict(runtime.shard_resources)
+    if runtime.ray_spread:
+        options["scheduling_strategy"] = "SPREAD"
+    if runtime.ray_max_retries is not None:
+        options["max_retries"] = runtime.ray_max_retries
+    return options
+
+
+def node_info() -> dict[str, Any]:
+    """Where the caller runs: {hostname, pid, ray_node_id} (the Ray node id inside a Ray task or
+    driver, else None)."""
+    info: dict[str, Any] = {"hostname": socket.gethostname(), "pid": os.getpid(), "ray_node_id": None}
+    try:
+        import ray
+    except ImportError:
+        return info
+    if ray.is_initialized():
+        info["ray_node_id"] = ray.get_runtime_context().get_node_id()
+    return info
 
 
 def _repo_root() -> str:
