@@ -127,7 +127,7 @@ def search_batch(
         out = mcts.uct_policy(root, expander, **common)
     else:
         common.pop("qtransform", None)
-        out = mcts.gumbel_muzero_policy(root, expander, max_num_considered_actions=s.num_actions, **common)
+        out = mcts.gumbel_muzero_policy(root, expander, max_num_considered_actions=s.action_slots, **common)
     return SearchBatch(list(tasks), expander.table, out.search_tree, expander.counters, expander.budget)
 
 
