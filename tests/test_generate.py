@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from engine_configs import tiny_engine_config
 from typer.testing import CliRunner
 
 from dataengine.cli import app
-from dataengine.config import load_config
 from dataengine.config import ConfigError
 from dataengine.search import TokenBudget, play_episodes
 from dataengine.stages import make_reward
@@ -24,20 +24,7 @@ def tasks():
 
 
 def config(store, **overrides):
-    base = {
-        "store": str(store),
-        "shard_size": 2,
-        "policy__model": "tiny",
-        "policy__device": "cpu",
-        "policy__max_new_tokens": 4,
-        "search__num_simulations": 3,
-        "search__num_actions": 2,
-        "search__value": "zero",
-        "search__trees_per_batch": 2,
-        "search__max_generated_tokens": 10_000,
-    }
-    base.update(overrides)
-    return load_config(None, **base)
+    return tiny_engine_config(store, **overrides)
 
 
 def test_shards_name_task_ranges(tasks):

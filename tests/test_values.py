@@ -10,10 +10,10 @@ import json
 import polars as pl
 import pytest
 import torch
+from engine_configs import tiny_engine_config
 from typer.testing import CliRunner
 
 from dataengine.cli import app
-from dataengine.config import load_config
 from dataengine.env import ToolEnv
 from dataengine.policy import Conversation, Sample, make_policy
 from dataengine.policy.hf import HFPolicy
@@ -143,20 +143,7 @@ class RecordingHead(ValueModel):
 
 
 def engine_config(store, **overrides):
-    base = {
-        "store": str(store),
-        "shard_size": 2,
-        "policy__model": "tiny",
-        "policy__device": "cpu",
-        "policy__max_new_tokens": 6,
-        "search__num_simulations": 6,
-        "search__num_actions": 2,
-        "search__value": "zero",
-        "search__trees_per_batch": 2,
-        "search__max_generated_tokens": 10_000,
-    }
-    base.update(overrides)
-    return load_config(None, **base)
+    return tiny_engine_config(store, **{"policy__max_new_tokens": 6, "search__num_simulations": 6, **overrides})
 
 
 @pytest.fixture(scope="module")
