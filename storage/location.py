@@ -24,13 +24,14 @@ from urllib.parse import urlparse
 
 from storage.errors import StoreError
 
-# The environment variables read for an object-store root, with the option name each fills.
+# The environment variables read for an object-store root, with the option name each fills
+# (a later line wins).
 _ENV = (
     ("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
     ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
     ("AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN"),
-    ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
     ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL"),
+    ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),  # the S3-only endpoint wins, as in the AWS SDKs
     ("AWS_DEFAULT_REGION", "AWS_REGION"),
     ("AWS_REGION", "AWS_REGION"),
     ("AWS_ALLOW_HTTP", "AWS_ALLOW_HTTP"),

@@ -209,3 +209,27 @@ def test_local_store_keeps_its_sqlite_manifest(tmp_path):
     store.append("nodes", _nodes("a", 2), run_id="r", shard_id="0", marker="tasks")
     assert (tmp_path / "s" / "_manifest.sqlite").is_file() and not (tmp_path / "s" / "_manifest").exists()
     assert store.storage_options is None and store.manifest.declared("nodes") == {"tasks": {("r", "0")}}
+
+
+def test_storage_options_come_from_the_aws_variables_then_the_store(monkeypatch):
+    from storage.location import ObjectPath, storage_options, store_root
+
+    for key in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_ALLOW_HTTP", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://10.0.0.1:9000")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert storage_options() == {"AWS_ACCESS_KEY_ID": "env-key", "AWS_SECRET_ACCESS_KEY": "env-secret",
+                                 "AWS_ENDPOINT_URL": "http://10.0.0.1:9000", "AWS_REGION": "eu-west-1",
+                                 "AWS_ALLOW_HTTP": "true"}
+    # Options given to the store win (any case); an https endpoint needs no AWS_ALLOW_HTTP.
+    given = storage_options({"aws_endpoint_url": "https://minio.example", "AWS_REGION": "us-east-2"})
+    assert given["AWS_ENDPOINT_URL"] == "https://minio.example" and given["AWS_REGION"] == "us-east-2"
+    assert "AWS_ALLOW_HTTP" not in given and given["AWS_ACCESS_KEY_ID"] == "env-key"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://10.0.0.2:9000")
+    assert storage_options()["AWS_ENDPOINT_URL"] == "http://10.0.0.2:9000"
+    root = store_root(Path("s3://bucket/a/b/"))
+    assert isinstance(root, ObjectPath) and (root.bucket, root.key, str(root / "nodes")) == (
+        "bucket", "a/b", "s3://bucket/a/b/nodes")
+    assert store_root("runs/store") == Path("runs/store") and store_root("file:///tmp/s") == Path("/tmp/s")
