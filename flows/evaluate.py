@@ -23,7 +23,8 @@ from flows.runtime import (
 @task(name="evaluate-suite", task_run_name="evaluate {suite} ({run_id})", tags=["dataengine", "accelerator"])
 def evaluate_suite(config: EngineConfig, suite: str, run_id: str) -> dict[str, Any]:
     """The evaluate stage on one suite with the policy and sandbox this process keeps."""
-    from dataengine.stages.evaluate import evaluate_suite as run_stage, heldout_tasks
+    from dataengine.stages.evaluate import evaluate_suite as run_stage
+    from dataengine.stages.evaluate import heldout_tasks
     from dataengine.stages.resources import shared_resources
 
     tasks = heldout_tasks(config, suite)

@@ -34,7 +34,8 @@ def generate_shard(config: EngineConfig, run_id: str, index: int) -> dict[str, A
     """Shard `index` of the config's tasks, searched and committed (or skipped when committed);
     the counts plus model_id and verifier_versions for the run's lineage row, and `node`:
     where it ran (`node_info`: hostname, pid, Ray node id)."""
-    from dataengine.stages.generate import generate_shard as run_stage, plan_generate
+    from dataengine.stages.generate import generate_shard as run_stage
+    from dataengine.stages.generate import plan_generate
     from dataengine.stages.progress import Progress
     from dataengine.stages.resources import open_store, shared_resources
 

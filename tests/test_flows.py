@@ -8,7 +8,6 @@ import pytest
 
 from dataengine.config import EngineConfig
 
-
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
@@ -109,8 +108,8 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     one step) -> checkpoint registered; a rerun finds the checkpoint and does not train again."""
     import json
 
-    from flows.derived import export_flow
     from dataengine.config import DPOTrainConfig
+    from flows.derived import export_flow
     from flows.train import train_dpo_flow
     from storage import Store
 

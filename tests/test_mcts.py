@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import mcts
-from mcts.search import init_tree
-from mcts.tree import UNVISITED, qvalues
 from mcts import seq_halving
 from mcts.base import ExpandOutput, NodeStats, RootInput
-from mcts.search import NEW, REVISIT, backup, expand, select_path
+from mcts.search import NEW, REVISIT, backup, expand, init_tree, select_path
+from mcts.tree import UNVISITED, qvalues
 
 NEG_INF = float("-inf")
 

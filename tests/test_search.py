@@ -293,7 +293,9 @@ def test_smollm2_search_finds_successes(env):
     """The real model: on tool-free questions it can answer ("What planet do we live on?"),
     the trees hold solved trajectories, and every node's tokens respect max_new_tokens."""
     policy = make_policy("hf", "smollm2", fewshot=True)
-    notool = generate_suite("notool", n_train=2, n_heldout=0, seed=0)
+    # Level 1: the answer is in the question ("answer with only the word 'pocket'"), which the
+    # strict final-answer check accepts only when the reply is just the answer.
+    notool = generate_suite("notool", n_train=4, n_heldout=0, seed=0, levels=[1])
     cfg = config(policy__model="smollm2", policy__max_new_tokens=32, search__num_simulations=4, search__num_actions=4,
                  search__algorithm="gumbel")
     batch = search_batch(notool, policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -35,7 +35,7 @@ _FROM_RUN = typer.Option(None, "--run", help="Store only: train on rows of this 
 _SUITE = typer.Option(None, "--suite", help="Store only: train on rows of this suite (repeat for several).")
 
 
-def _open_store(path: Optional[Path]) -> Any:
+def _open_store(path: Path | None) -> Any:
     if path is None:
         return None
     from storage import Store, StoreError
@@ -46,8 +46,8 @@ def _open_store(path: Optional[Path]) -> Any:
         raise typer.BadParameter(str(exc), param_hint="--store") from None
 
 
-def _common(init: str, out: Path, steps: int, epochs: float, batch: Optional[int], lora: bool, rank: int,
-            seed: int, max_length: int, device: str, run_id: Optional[str], lr: Optional[float]) -> dict[str, Any]:
+def _common(init: str, out: Path, steps: int, epochs: float, batch: int | None, lora: bool, rank: int,
+            seed: int, max_length: int, device: str, run_id: str | None, lr: float | None) -> dict[str, Any]:
     values: dict[str, Any] = dict(init=init, out_dir=str(out), max_steps=steps, num_train_epochs=epochs, lora=lora,
                                   lora_rank=rank, seed=seed, max_length=max_length, device=device, run_id=run_id)
     if batch is not None:
@@ -57,7 +57,7 @@ def _common(init: str, out: Path, steps: int, epochs: float, batch: Optional[int
     return values
 
 
-def _load(kind: str, data: Optional[Path], store: Any, **filters: Any) -> Any:
+def _load(kind: str, data: Path | None, store: Any, **filters: Any) -> Any:
     from dataengine.train.data import TrainingDataError, load_training_data
 
     if data is None and store is None:
@@ -102,23 +102,23 @@ def _report(info: Any) -> None:
 
 @train_app.command("dpo")
 def dpo_command(
-    store: Optional[Path] = _STORE, data: Optional[Path] = _DATA, init: str = _INIT, out: Path = _OUT,
-    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: Optional[int] = _BATCH,
-    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 5e-6)."),
+    store: Path | None = _STORE, data: Path | None = _DATA, init: str = _INIT, out: Path = _OUT,
+    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: int | None = _BATCH,
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate (default 5e-6)."),
     beta: float = typer.Option(0.1, "--beta", help="DPO beta (KL strength)."),
     loss_type: str = typer.Option("sigmoid", "--loss-type", help="TRL DPO loss(es), comma-separated."),
     behaviour_ref: bool = typer.Option(False, "--behaviour-ref/--model-ref",
                                        help="Reference = the behaviour model (the one that sampled the pairs) scoring "
                                             "TRL's completion tokens once, before training (Agent Q; no reference model "
                                             "held while training)."),
-    behaviour_model: Optional[str] = typer.Option(None, "--behaviour-model",
+    behaviour_model: str | None = typer.Option(None, "--behaviour-model",
                                                   help="With --behaviour-ref: the model that sampled the pairs "
                                                        "(default: the one the store records for them)."),
-    pair_kind: Optional[str] = typer.Option(None, "--pair-kind", help="Store only: step or trajectory pairs."),
-    min_margin: Optional[float] = typer.Option(None, "--min-margin", help="Store only: pairs with margin >= this."),
+    pair_kind: str | None = typer.Option(None, "--pair-kind", help="Store only: step or trajectory pairs."),
+    min_margin: float | None = typer.Option(None, "--min-margin", help="Store only: pairs with margin >= this."),
     lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
-    limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
-    run: Optional[list[str]] = _FROM_RUN, suite: Optional[list[str]] = _SUITE,
+    limit: int | None = _LIMIT, device: str = _DEVICE, run_id: str | None = _RUN,
+    run: list[str] | None = _FROM_RUN, suite: list[str] | None = _SUITE,
 ) -> None:
     """Offline DPO on step and/or trajectory preference pairs."""
     from dataengine.config import DPOTrainConfig
@@ -135,12 +135,12 @@ def dpo_command(
 
 @train_app.command("sft")
 def sft_command(
-    store: Optional[Path] = _STORE, data: Optional[Path] = _DATA, init: str = _INIT, out: Path = _OUT,
-    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: Optional[int] = _BATCH,
-    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 2e-5)."),
+    store: Path | None = _STORE, data: Path | None = _DATA, init: str = _INIT, out: Path = _OUT,
+    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: int | None = _BATCH,
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate (default 2e-5)."),
     lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
-    limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
-    run: Optional[list[str]] = _FROM_RUN, suite: Optional[list[str]] = _SUITE,
+    limit: int | None = _LIMIT, device: str = _DEVICE, run_id: str | None = _RUN,
+    run: list[str] | None = _FROM_RUN, suite: list[str] | None = _SUITE,
 ) -> None:
     """Rejection-sampling SFT with the loss on assistant tokens only."""
     from dataengine.config import SFTTrainConfig
@@ -154,9 +154,9 @@ def sft_command(
 
 @train_app.command("grpo")
 def grpo_command(
-    store: Optional[Path] = _STORE, data: Optional[Path] = _DATA, init: str = _INIT, out: Path = _OUT,
-    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: Optional[int] = _BATCH,
-    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 1e-6)."),
+    store: Path | None = _STORE, data: Path | None = _DATA, init: str = _INIT, out: Path = _OUT,
+    steps: int = _STEPS, epochs: float = _EPOCHS, batch_size: int | None = _BATCH,
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate (default 1e-6)."),
     num_generations: int = typer.Option(4, "--num-generations", help="Rollouts per prompt (group size)."),
     max_completion_length: int = typer.Option(128, "--max-completion-length", help="Token budget per rollout."),
     max_tool_calls: int = typer.Option(4, "--max-tool-calls", help="Tool-calling rounds per rollout."),
@@ -164,8 +164,8 @@ def grpo_command(
     drop_zero_variance: bool = typer.Option(True, "--drop-zero-variance/--keep-zero-variance",
                                             help="Store only: skip prompts with p_success 0 or 1."),
     lora: bool = _LORA, lora_rank: int = _RANK, seed: int = _SEED, max_length: int = _MAXLEN,
-    limit: Optional[int] = _LIMIT, device: str = _DEVICE, run_id: Optional[str] = _RUN,
-    run: Optional[list[str]] = _FROM_RUN, suite: Optional[list[str]] = _SUITE,
+    limit: int | None = _LIMIT, device: str = _DEVICE, run_id: str | None = _RUN,
+    run: list[str] | None = _FROM_RUN, suite: list[str] | None = _SUITE,
 ) -> None:
     """Online GRPO: rollouts call tools through the sandboxed ToolEnv, rewards from the verifiers."""
     from dataengine.config import GRPOTrainConfig
@@ -188,7 +188,7 @@ def chain_command(
     stages: str = typer.Option("dpo,grpo", "--stages", help="Comma-separated stages in order: dpo, sft, grpo."),
     steps: int = typer.Option(2, "--steps", help="Optimizer steps per stage."),
     behaviour_ref: bool = typer.Option(False, "--behaviour-ref/--model-ref", help="DPO reference option."),
-    lora: bool = _LORA, seed: int = _SEED, limit: Optional[int] = _LIMIT, device: str = _DEVICE,
+    lora: bool = _LORA, seed: int = _SEED, limit: int | None = _LIMIT, device: str = _DEVICE,
     num_generations: int = typer.Option(4, "--num-generations", help="GRPO group size."),
     max_completion_length: int = typer.Option(128, "--max-completion-length", help="GRPO token budget per rollout."),
 ) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from dataengine.config import EvalConfig
 from dataengine.env import ToolEnv
-from dataengine.evaluation.rollout import MAX_NEW_TOKENS, Rollout, rollouts, run_summary
+from dataengine.evaluation.rollout import Rollout, rollouts, run_summary
 from dataengine.evaluation.stats import bootstrap_interval, pass_at_k, wilson_interval
 from dataengine.policy.base import Policy
 from dataengine.types import Task

@@ -5,7 +5,8 @@ Used by `dataengine policy probe` and the docs' measured figures.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dataengine.parsing import parse_action
 from dataengine.policy.base import Conversation, Policy

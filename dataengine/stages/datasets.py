@@ -13,7 +13,8 @@ def derive_datasets(store: Any, kinds: list[str], *, run_ids: list[str] | None =
     """Derive `kinds` (step-pairs, trajectory-pairs, sft, recovery, replay) from `run_ids` (None:
     every run; then give out_run_id) with config.derive's settings, `overrides` (None: keep) on
     top; written to the store with lineage. Returns one DeriveResult per dataset."""
-    from dataengine.derive import DeriveOptions, derive as derive_rows
+    from dataengine.derive import DeriveOptions
+    from dataengine.derive import derive as derive_rows
     from dataengine.stages.resources import open_store
 
     options = DeriveOptions.from_config(derive or DeriveConfig(), **overrides)

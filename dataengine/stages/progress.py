@@ -28,7 +28,8 @@ class Progress:
         self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
         self.bar = None
         if enabled and self.terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as Bar
 
             self.bar = Bar(
                 TextColumn(f"[bold]{label}[/] trees"), BarColumn(), MofNCompleteColumn(),

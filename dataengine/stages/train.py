@@ -25,7 +25,14 @@ def train_checkpoint(kind: str, config: TrainConfig, data: Any, *, store: Any = 
     """Train `kind` with `config` (init, out_dir, run_id, ...) on `data` (an exported dataset
     path, or TrainingData / rows already loaded); register the checkpoint in `store` (a Store or
     None). Returns (CheckpointInfo, resumed): resumed when config.out_dir already held one."""
-    from dataengine.train import load_training_data, read_checkpoint_info, register_checkpoint, train_dpo, train_grpo, train_sft
+    from dataengine.train import (
+        load_training_data,
+        read_checkpoint_info,
+        register_checkpoint,
+        train_dpo,
+        train_grpo,
+        train_sft,
+    )
 
     if kind not in DATASET:
         raise ValueError(f"unknown trainer {kind!r}; choose dpo, sft or grpo")

@@ -17,8 +17,9 @@ import inspect
 import sys
 import threading
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dataengine.types import ToolSpec
 
@@ -39,7 +40,7 @@ TOOLBOX_FACTORIES: dict[str, str] = {
     "tau2": "dataengine.external.tau2:toolbox_for",
 }
 
-_REGISTRY: dict[str, "Toolbox"] = {}
+_REGISTRY: dict[str, Toolbox] = {}
 _SCHEMA_LOCK = threading.Lock()
 
 

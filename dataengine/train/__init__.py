@@ -7,12 +7,12 @@ Heavy libraries (torch, TRL) are imported inside the functions.
 """
 
 from dataengine.config import TrainConfig
+from dataengine.train.chain import train_chain
 from dataengine.train.checkpoint import (
     CheckpointInfo,
     read_checkpoint_info,
     register_checkpoint,
 )
-from dataengine.train.chain import train_chain
 from dataengine.train.data import TrainingData, TrainingDataError, load_training_data
 from dataengine.train.dpo import DPOTrainConfig, train_dpo
 from dataengine.train.grpo import GRPOTrainConfig, train_grpo

@@ -146,7 +146,7 @@ def _synthesise_signature(method: Any, tool: Tool) -> None:
         json_type = json_type[0] if isinstance(json_type, list) else json_type
         hint = _JSON_TYPES.get(json_type, str)
         if pname not in required:
-            hint = typing.Optional[hint]
+            hint = typing.Optional[hint]  # noqa: UP045 - built at run time for get_json_schema
         annotations[pname] = hint
         params.append(
             inspect.Parameter(

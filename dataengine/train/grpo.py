@@ -22,12 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from dataengine.config import GRPOTrainConfig
-from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
-from dataengine.train.progress import attach_progress
 from dataengine.models import weights_fingerprint
+from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.environment import environment_factories, final_reply, regroup_turns
+from dataengine.train.progress import attach_progress
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 EVERY_ENV = "DATAENGINE_TRAIN_LOG_EVERY"
 DEFAULT_EVERY_S = 30.0

@@ -12,11 +12,11 @@ import logging
 from typing import Any
 
 from dataengine.config import SFTTrainConfig
-from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
-from dataengine.train.progress import attach_progress
 from dataengine.models import weights_fingerprint
+from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
+from dataengine.train.progress import attach_progress
 
 log = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def execute(task: Task, actions: list[Action]) -> Episode:
             nxt = task.user_turns[turn]
             observations = list(nxt.messages)
             if nxt.tools:
-                episode_task = episode_task.model_copy(update={"tools": [*episode_task.tools, *nxt.tools]})
+                episode_task = episode_task.offering(nxt.tools, turn)
             turn_states.append(state)
         steps.append(Step(action=action, results=results, observations=observations, turn=turn))
         turn += bool(observations)
