@@ -247,7 +247,7 @@ class ToolEnv:
                 observations = list(nxt.messages)
                 steps = steps[:-1] + (steps[-1].model_copy(update={"observations": observations}),)
                 if nxt.tools:
-                    task = task.model_copy(update={"tools": [*task.tools, *nxt.tools]})
+                    task = task.offering(nxt.tools, state.turn if nxt is scheduled_turn(ended) else None)
                 turn, turn_start, turn_states = turn + 1, len(steps), turn_states + (tool_state,)
         truncated = not done and len(steps) - turn_start >= self.max_steps
         new_state = EnvState(

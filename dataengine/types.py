@@ -225,6 +225,15 @@ class Task(BaseModel):
         """User turns of the task's schedule: 1 + len(user_turns)."""
         return 1 + len(self.user_turns)
 
+    def offering(self, tools: list[ToolSpec], scheduled: int | None = None) -> Task:
+        """A copy that also offers `tools` (same id, gold and number of turns): the task as the
+        model sees it once a user turn added them. `scheduled`: the index in user_turns of the
+        turn they come from, which the copy lists without them (they are offered already)."""
+        turns = list(self.user_turns)
+        if scheduled is not None:
+            turns[scheduled] = turns[scheduled].model_copy(update={"tools": []})
+        return self.model_copy(update={"tools": [*self.tools, *tools], "user_turns": turns})
+
 
 def schedule_problem(task: Task) -> str | None:
     """What is wrong with the user-turn schedule of `task` ("<field>: <problem>"), or None.

@@ -17,10 +17,10 @@ def register(app: typer.Typer) -> None:
     @verify_app.command("bfcl")
     def bfcl_command(
         category: str = typer.Option(..., "--category", help="BFCL category, e.g. simple, parallel, live_multiple, multi_turn_base."),
-        predictions: Path = typer.Option(..., "--predictions", help='JSONL: {"id": ..., "calls": [{"name": ..., "arguments": {...}}]} per line.'),
+        predictions: Path = typer.Option(..., "--predictions", help='JSONL: {"id": ..., "calls": [{"name": ..., "arguments": {...}}]} per line; multi-turn: {"id": ..., "turns": [[call, ...], ...]}, one list per user turn.'),
         out: Path | None = typer.Option(None, "--out", help="Write one {id, valid, reason} per prediction, then per task with no prediction, here (default: stdout)."),
     ) -> None:
-        """Check predictions with BFCL's rules (AST semantics; end state for multi-turn) and print a summary.
+        """Check predictions with BFCL's rules (AST semantics; multi-turn: state and results after each turn) and print a summary.
 
         Scored per task: each id at most once, and tasks with no prediction count as failures.
         """
