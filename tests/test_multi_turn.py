@@ -165,12 +165,21 @@ def test_malformed_schedule_in_a_task_file_names_the_line(tmp_path):
     assert message.startswith(f"{path}, line 2: ") and "task 'bank-2': user_turns[0].messages: a user turn needs at least one message" in message
 
 
-def test_functions_missing_from_the_toolbox_are_refused_at_reset(env):
+def test_functions_missing_from_the_toolbox_are_refused_at_load_and_reset(env, tmp_path):
+    from dataengine.suites.io import TaskFileError, load_tasks
+
     alien = ToolSpec(name="teleport", description="Move money anywhere.")
     task = bank_task(user_turns=[UserTurn(messages=[user("What does alice have?")]),
                                  UserTurn(messages=[user("Take 2 from alice.")], tools=[SPECS["withdraw"], alien])])
-    with pytest.raises(ValueError, match=r"^task 'bank-mt': user_turns\[1\]\.tools\[1\]: 'teleport' is not a tool of toolbox 'mt-test-bank'$"):
+    problem = "task 'bank-mt': user_turns[1].tools[1]: 'teleport' is not a tool of toolbox 'mt-test-bank'"
+    with pytest.raises(ValueError) as info:
         env.reset(task)
+    assert str(info.value) == problem
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(task.model_dump_json() + "\n")
+    with pytest.raises(TaskFileError) as info:
+        load_tasks(path)
+    assert str(info.value) == f"{path}, line 1, field 'user_turns': {problem}"
 
 
 # ---------------------------------------------------------------- ToolEnv turns

@@ -103,6 +103,12 @@ def load_tasks(path: Path | str) -> list[Task]:
                 toolboxes[task.toolbox] = str(exc.args[0] if exc.args else exc)
         if toolboxes[task.toolbox] is not None:
             raise TaskFileError(path, toolboxes[task.toolbox], field="toolbox", **place)
+        if task.user_turns:  # functions a later user turn adds must be tools of the toolbox
+            from dataengine.env import schedule_errors
+
+            problems = schedule_errors(task)
+            if problems:
+                raise TaskFileError(path, problems[0], field="user_turns", **place)
     return tasks
 
 
