@@ -31,7 +31,7 @@ class SandboxConfig(Section):
 
 
 class EnvConfig(Section):
-    max_steps: int = Field(6, ge=1, description="assistant turns before an episode is truncated")
+    max_steps: int = Field(6, ge=1, description="assistant turns per user turn before the episode is truncated")
 
 
 class PolicyConfig(Section):
