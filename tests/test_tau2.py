@@ -231,7 +231,8 @@ def test_nl_assertions_judged_only_when_a_judge_is_given(tau2, parity):
 
 
 def test_parity_on_one_task_every_kind(parity):
-    rows, summary = parity.parity("retail", ids=["2"])
+    # retail/16 calls calculate, whose string output tau2 reads back as a number
+    rows, summary = parity.parity("retail", ids=["16"])
     assert {r["kind"] for r in rows} == set(parity.KINDS)
     assert all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
     assert summary["gold"] == {"n": 1, "agree": 1, "ours_pass": 1, "tau2_pass": 1}

@@ -208,12 +208,18 @@ def tau2_messages(episode: Episode) -> tuple[list[Any], int]:
         for call, result in zip(calls, step.results):
             response = env.get_response(call)
             messages.append(response)
-            if response.error == result.ok or (result.ok and json.loads(json.dumps(result.output)) != _content(response.content)):
+            if response.error == result.ok or (result.ok and _as_tau2_sees(result.output) != _content(response.content)):
                 mismatches += 1
         for m in step.observations:
             if m.role == "user" and m.content:
                 messages.append(UserMessage(role="user", content=m.content))
     return messages, mismatches
+
+
+def _as_tau2_sees(output: Any) -> Any:
+    """Our tool output read back as tau2 reads a tool message (it sends a string output as is,
+    so a numeric string such as calculate's "8276.23" reads back as a number)."""
+    return _content(output) if isinstance(output, str) else json.loads(json.dumps(output))
 
 
 def _content(text: str | None) -> Any:
