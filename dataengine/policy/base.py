@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from dataengine.types import Message, Task, ToolSpec
 
@@ -38,7 +39,7 @@ class Conversation:
             raise ValueError("Conversation needs at least one message")
 
     @classmethod
-    def from_task(cls, task: Task) -> "Conversation":
+    def from_task(cls, task: Task) -> Conversation:
         return cls(task.messages, task.tools)
 
     def chat(self) -> list[dict[str, Any]]:
@@ -48,7 +49,7 @@ class Conversation:
     def openai_tools(self) -> list[dict[str, Any]] | None:
         return [t.to_openai() for t in self.tools] or None
 
-    def extend(self, *messages: Message) -> "Conversation":
+    def extend(self, *messages: Message) -> Conversation:
         """The conversation with `messages` appended (the tools stay)."""
         return Conversation(self.messages + tuple(messages), self.tools)
 
@@ -183,7 +184,7 @@ class Timer:
     def __init__(self, stats: PolicyStats):
         self.stats = stats
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self.start = time.perf_counter()
         return self
 

@@ -18,7 +18,8 @@ class with a stand-in engine that follows the documented output types.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dataengine.policy.base import (
     STOP_STRINGS,
@@ -84,7 +85,7 @@ class VLLMPolicy(Policy):
         system: str | None = None,
         listing: str | None = None,
         **engine_options: Any,
-    ) -> "VLLMPolicy":
+    ) -> VLLMPolicy:
         """Start a vLLM engine on `model` ("smollm2", "tiny" or a Hugging Face folder) with
         automatic prefix caching on. The converted SmolLM2 folder is what vLLM loads.
         fewshot, system, listing: the prompt options, as for the hf backend."""
