@@ -1,30 +1,39 @@
-"""Policy sampling throughput: prefix reuse and batching across trees (issue 5, item 7).
+"""Policy sampling throughput: the `hf` backend against the strongest baseline of the same run.
 
-Same run, same model, same seeds. Two rounds of expansions over B arithmetic trees: the roots,
-then one child per tree (the root plus its gold first tool call and the real tool result), K
-samples per expansion. Modes:
+Same run, same model, same prompts, same sampling settings (temperature 1, top-p 1, K samples,
+`--max-new-tokens`). Two rounds of expansions over B arithmetic trees: the roots, then one child
+per tree (the root plus its gold first tool call and the real tool result). Modes:
 
-  (a) one call per expansion, no cache reuse (every row encodes its whole prompt);
-  (b) one call for all trees of a round, no cache reuse;
-  (c) one call for all trees of a round, with prefix reuse (shared system prompt encoded once,
-      each prompt once, children reuse their parent's prompt from the LRU);
-  (g) reference: transformers `model.generate(num_return_sequences=K)` per expansion.
+  generate     transformers `model.generate(num_return_sequences=K)`, one call per round over the
+               B prompts (left-padded): every prompt is encoded K times.
+  copy_k       encode each prompt once (one batched forward per round), copy its keys/values K
+               times, decode with `model.generate` over the prefilled cache.
+  old          the previous `hf` backend (benchmarks/legacy_hf_policy.py): prefix LRU, K padded
+               copies of each prompt's keys/values, sdpa over a 4-D mask.
+  new          `HFPolicy`: canonical prefix blocks, one copy of each prompt's keys/values for its
+               K samples, one product over the prefix all prompts share, bit-identical per row.
+  vllm         `VLLMPolicy` when vLLM imports (engine start-up reported apart, not timed).
 
-Prints generated tokens/s and prefill tokens per expansion, and ratios against (a).
-Timings on a shared 2-core machine are noisy; compare ratios within one run.
+Each policy's cache starts empty; a short warm-up call per mode runs first. Prints generated
+tokens/s per mode and the ratio of each to the strongest baseline (the fastest mode other than
+`new`), and how many sequences `new` and `old` share token for token (seeded per row).
 
-    .venv/bin/python benchmarks/bench_policy.py            # SmolLM2, B=4, K=8, 32 new tokens
+    .venv/bin/python benchmarks/bench_policy.py            # SmolLM2, B=8, K=8, 32 new tokens
     .venv/bin/python benchmarks/bench_policy.py --quick    # tiny model, B=2, K=2, 8 tokens
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+MODES = ("generate", "copy_k", "old", "new", "vllm")
 
 
 def build_states(n_trees: int):
@@ -44,128 +53,163 @@ def build_states(n_trees: int):
     return [[as_conv(s) for s in roots], [as_conv(s) for s in children]]
 
 
-def run_mode(policy, rounds, k, max_new_tokens, per_expansion: bool):
+def legacy_policy_class():
+    """HFPolicy of benchmarks/legacy_hf_policy.py (the old path)."""
+    path = Path(__file__).with_name("legacy_hf_policy.py")
+    spec = importlib.util.spec_from_file_location("legacy_hf_policy", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.HFPolicy
+
+
+def run_policy(policy, rounds, k, max_new_tokens):
+    """One `sample` call per round. Returns (seconds, stats, token ids per sequence)."""
     policy.stats.reset()
     samples = []
     start = time.perf_counter()
     for states in rounds:
-        if per_expansion:
-            for conv in states:
-                samples += policy.sample([conv], k, max_new_tokens=max_new_tokens, seed=0)
-        else:
-            samples += policy.sample(states, k, max_new_tokens=max_new_tokens, seed=0)
+        samples += policy.sample(states, k, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=0)
     wall = time.perf_counter() - start
-    stats = policy.stats.as_dict()
-    return wall, stats, [[s.token_ids for s in row] for row in samples]
+    ids = [s.token_ids for row in samples for s in row]
+    return wall, policy.stats.as_dict(), ids
 
 
-def run_generate(policy, rounds, k, max_new_tokens):
-    """transformers generate per expansion (sampling, K return sequences)."""
+def _left_pad(prompts, pad_id):
     import torch
 
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def _count_generated(new_tokens, eos_ids):
+    """Tokens up to and including the first end-of-turn token of each row."""
+    return sum(next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row)) for row in new_tokens.tolist())
+
+
+def run_generate(policy, rounds, k, max_new_tokens, copy_k: bool):
+    """transformers generate, one call per round over all B prompts: K encodings of each prompt,
+    or (copy_k) one batched prefill whose keys/values are copied K times."""
+    import torch
+    from transformers import DynamicCache
+
     model, tok = policy.model, policy.tokenizer
-    generated, prefill = 0, 0
+    generated = prefill = 0
+    torch.manual_seed(0)
     start = time.perf_counter()
-    for states in rounds:
-        for conv in states:
-            ids = torch.tensor([policy.encode(conv)])
-            torch.manual_seed(0)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=True,
-                num_return_sequences=k,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=policy.eos_ids,
-                pad_token_id=tok.pad_token_id,
-            )
-            new = out[:, ids.shape[1] :]
-            # Count tokens up to and including the first end-of-turn token of each row.
-            for row in new.tolist():
-                n = next((i + 1 for i, t in enumerate(row) if t in policy.eos_ids), len(row))
-                generated += n
-            prefill += ids.shape[1] * k
+    with torch.inference_mode():
+        for states in rounds:
+            prompts = [policy.encode(c) for c in states]
+            ids, mask = _left_pad(prompts, tok.pad_token_id)
+            kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
+                          eos_token_id=policy.eos_ids, pad_token_id=tok.pad_token_id)
+            if copy_k:
+                cache = DynamicCache(config=model.config)
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1],
+                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache.batch_repeat_interleave(k)
+                out = model.generate(input_ids=ids.repeat_interleave(k, 0), attention_mask=mask.repeat_interleave(k, 0),
+                                     past_key_values=cache, **kwargs)
+                prefill += int(mask.sum())
+            else:
+                out = model.generate(input_ids=ids, attention_mask=mask, num_return_sequences=k, **kwargs)
+                prefill += int(mask.sum()) * k
+            generated += _count_generated(out[:, ids.shape[1] :], policy.eos_ids)
     return time.perf_counter() - start, generated, prefill
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a folder")
-    parser.add_argument("--trees", type=int, default=4, help="B: trees expanded together")
+    parser.add_argument("--trees", type=int, default=8, help="B: trees expanded together")
     parser.add_argument("--k", type=int, default=8, help="K: samples per expansion")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--quick", action="store_true", help="tiny model, B=2, K=2, 8 tokens")
-    parser.add_argument("--no-generate", action="store_true", help="skip the model.generate reference")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, B=2, K=2, 8 tokens (a smoke test)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
     if args.quick:
         args.model, args.trees, args.k, args.max_new_tokens = "tiny", 2, 2, 8
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes: unknown mode(s) {unknown}; choose from {list(MODES)}")
 
     import torch
 
     from dataengine.policy.hf import HFPolicy
 
-    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rounds = build_states(args.trees)
-    base = HFPolicy.load(args.model)
-    plain = HFPolicy(base.model, base.tokenizer, prefix_reuse=False)
-    reuse = HFPolicy(base.model, base.tokenizer, prefix_reuse=True)
+    new = HFPolicy.load(args.model)
+    old = legacy_policy_class()(new.model, new.tokenizer)
     expansions = sum(len(r) for r in rounds)
-    prompt_tokens = [len(plain.encode(c)) for r in rounds for c in r]
+    prompt_tokens = [len(new.encode(c)) for r in rounds for c in r]
     print(f"model={args.model} threads={torch.get_num_threads()} trees={args.trees} K={args.k} "
           f"max_new_tokens={args.max_new_tokens} expansions={expansions} "
-          f"prompt tokens mean={sum(prompt_tokens) / len(prompt_tokens):.0f}")
+          f"prompt tokens mean={sum(prompt_tokens) / len(prompt_tokens):.0f}", flush=True)
 
-    # Warm-up (allocator, kernels) outside the timings.
-    plain.sample(rounds[0][:1], 1, max_new_tokens=2)
+    results: dict[str, dict] = {}
+    outputs: dict[str, list] = {}
+    warm = [rounds[0][:1]]
+    for mode in modes:
+        if mode in ("generate", "copy_k"):
+            run_generate(new, warm, 1, 2, copy_k=mode == "copy_k")
+            wall, generated, prefill = run_generate(new, rounds, args.k, args.max_new_tokens, copy_k=mode == "copy_k")
+            results[mode] = {"seconds": wall, "generated_tokens": generated, "prefill_tokens": prefill}
+        elif mode in ("old", "new", "vllm"):
+            policy = {"old": old, "new": new}.get(mode)
+            if mode == "vllm":
+                try:
+                    from dataengine.policy import make_policy
 
-    results = {}
-    outputs = {}
-    for name, policy, per_exp in (
-        ("a_per_expansion", plain, True),
-        ("b_batched", plain, False),
-        ("c_batched_prefix_reuse", reuse, False),
-    ):
-        wall, stats, outputs[name] = run_mode(policy, rounds, args.k, args.max_new_tokens, per_exp)
-        results[name] = {
-            "seconds": wall,
-            "generated_tokens": stats["generated_tokens"],
-            "generated_tokens_per_s": stats["generated_tokens"] / wall,
-            "prefill_tokens_per_expansion": stats["prefill_tokens"] / expansions,
-            "cached_tokens_per_expansion": stats["cached_tokens"] / expansions,
-        }
-        print(f"{name}: {wall:.1f} s, {results[name]['generated_tokens_per_s']:.1f} generated tok/s", flush=True)
-    if not args.no_generate:
-        wall, generated, prefill = run_generate(plain, rounds, args.k, args.max_new_tokens)
-        results["g_hf_generate_per_expansion"] = {
-            "seconds": wall,
-            "generated_tokens": generated,
-            "generated_tokens_per_s": generated / wall,
-            "prefill_tokens_per_expansion": prefill / expansions,
-            "cached_tokens_per_expansion": 0.0,
-        }
+                    began = time.perf_counter()
+                    policy = make_policy("vllm", args.model)
+                    startup = time.perf_counter() - began
+                except ImportError as exc:
+                    print(f"vllm: skipped ({str(exc).splitlines()[0]})", flush=True)
+                    continue
+            policy.sample(warm[0], 1, max_new_tokens=2)
+            if hasattr(policy, "cache"):
+                policy.cache.clear()
+            wall, stats, outputs[mode] = run_policy(policy, rounds, args.k, args.max_new_tokens)
+            results[mode] = {"seconds": wall, "generated_tokens": int(stats["generated_tokens"]),
+                             "prefill_tokens": int(stats["prefill_tokens"])}
+            if mode == "vllm":
+                results[mode]["startup_seconds"] = startup
+        results[mode]["generated_tokens_per_s"] = results[mode]["generated_tokens"] / results[mode]["seconds"]
+        print(f"{mode}: {results[mode]['seconds']:.1f} s, {results[mode]['generated_tokens_per_s']:.1f} generated tok/s", flush=True)
 
-    a = results["a_per_expansion"]
-    print(f"\n{'mode':32s} {'seconds':>8s} {'gen tok':>8s} {'gen tok/s':>10s} {'prefill/exp':>12s} {'speed vs a':>10s} {'prefill vs a':>12s}")
-    for name, r in results.items():
-        print(
-            f"{name:32s} {r['seconds']:8.2f} {r['generated_tokens']:8d} {r['generated_tokens_per_s']:10.1f} "
-            f"{r['prefill_tokens_per_expansion']:12.0f} {r['generated_tokens_per_s'] / a['generated_tokens_per_s']:9.2f}x "
-            f"{r['prefill_tokens_per_expansion'] / a['prefill_tokens_per_expansion']:11.3f}x"
-        )
-    same = outputs["a_per_expansion"] == outputs["b_batched"] == outputs["c_batched_prefix_reuse"]
-    rows = [x for row in outputs["a_per_expansion"] for x in row]
-    agree = sum(
-        x == y == z
-        for ra, rb, rc in zip(outputs["a_per_expansion"], outputs["b_batched"], outputs["c_batched_prefix_reuse"])
-        for x, y, z in zip(ra, rb, rc)
-    )
-    print(f"\nsame samples in a, b, c: {same} ({agree}/{len(rows)} sequences identical; seeded per row)")
-    ratio = results["c_batched_prefix_reuse"]["generated_tokens_per_s"] / a["generated_tokens_per_s"]
-    print(f"target (c) >= 5x (a): {ratio:.2f}x -> {'met' if ratio >= 5 else 'NOT met'}")
+    baselines = {m: r for m, r in results.items() if m != "new"}
+    best = max(baselines, key=lambda m: baselines[m]["generated_tokens_per_s"]) if baselines else None
+    print(f"\n{'mode':10s} {'seconds':>8s} {'gen tok':>8s} {'gen tok/s':>10s} {'prefill/exp':>12s} "
+          f"{'vs ' + (best or '-'):>12s}")
+    for mode, r in results.items():
+        ratio = r["generated_tokens_per_s"] / results[best]["generated_tokens_per_s"] if best else float("nan")
+        r["ratio_vs_best_baseline"] = ratio
+        print(f"{mode:10s} {r['seconds']:8.2f} {r['generated_tokens']:8d} {r['generated_tokens_per_s']:10.1f} "
+              f"{r['prefill_tokens'] / expansions:12.0f} {ratio:11.2f}x")
+    if "vllm" in results:
+        print(f"vllm engine start-up (not in its timing): {results['vllm']['startup_seconds']:.1f} s")
+    summary = {"args": vars(args), "results": results, "strongest_baseline": best}
+    if "new" in outputs and "old" in outputs:
+        same = sum(a == b for a, b in zip(outputs["new"], outputs["old"]))
+        summary["identical_new_old"] = same
+        print(f"\nnew vs old: {same}/{len(outputs['new'])} sequences identical token for token (seeded per row)")
+    if "new" in results and best:
+        print(f"new: {results['new']['generated_tokens_per_s']:.1f} generated tok/s, "
+              f"{results['new']['ratio_vs_best_baseline']:.2f}x the strongest baseline ({best})")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"args": vars(args), "results": results, "identical_sequences": agree, "sequences": len(rows)}, handle, indent=1)
+            json.dump(summary, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,28 @@
-"""The `hf` policy backend: transformers causal LMs, batched, with prefix key/value reuse.
+"""The `hf` policy backend: transformers causal LMs, batched, with shared-prefix decoding.
 
-A hand-written batched decode loop over `model(...)` with a DynamicCache, because
-`model.generate` re-encodes every prompt for every one of the K samples. Here:
+A hand-written decode loop over `model(...)`, because `model.generate` encodes every prompt
+once per sample and decodes each sample over its own copy of the prompt's keys/values. Here
+(attention and key/value layout in `dataengine.policy.kv`):
 
-1. Each distinct prompt (conversation rendered with the chat template) is encoded once, not K
-   times. Its keys/values (`[1, kv_heads, L, head_dim]` per layer) go into `PrefixCache`, an LRU
-   keyed by token ids. A later prompt reuses the longest common token prefix with any entry:
-   the system prompt with tools across trees, and the parent's prompt when a child of the same
-   tree is expanded. When a batch holds several new prompts, their common prefix (typically the
-   system prompt and tool list) is encoded first, once.
-2. The per-prompt caches are left-padded to one length, repeated K times, and decoded together;
-   padding inside a row ([pad][prefix][pad][rest]) is handled with explicit position ids and a
-   4-D boolean attention mask, so rows of different lengths and cache hits mix in one batch.
-3. Rows that end (end-of-turn token or a stop string) are dropped from the batch.
+1. Each distinct prompt is encoded once, in blocks of CACHE_BLOCK tokens; blocks go into
+   `PrefixCache`, keyed by all tokens up to the block's end, so a later prompt reuses every block
+   it shares with an earlier one (the system prompt and tools across trees, a parent's prompt
+   for its children).
+2. The K samples of a prompt are decoded together over one copy of its keys/values (a group);
+   each sample keeps only the keys/values of its own generated tokens. Rows that end are
+   dropped from the batch in steps of ROW_MULTIPLE rows.
+3. Sampling is seeded per row: the uniform draw for token t of sample i of a prompt is a hash
+   of (seed, prompt tokens, i, t) (the seed of the call, or of that conversation when one per
+   conversation is given), turned into a token by inverse-CDF sampling.
 
-Sampling is seeded per row: the uniform draw for token t of sample i of a prompt is a hash of
-(seed, prompt tokens, i, t) (the seed of the call, or of that conversation when one per
-conversation is given), so the same seed and inputs give the same samples whatever the
-batch composition, and the prefix-reuse and no-reuse modes sample the same tokens (up to float
-rounding of the logits).
+Outputs are bit-identical whatever other conversations share the call, whatever earlier calls
+left in the cache, and with or without the cache (see `kv` for why).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from dataclasses import dataclass
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -42,124 +39,30 @@ from dataengine.policy.base import (
     conv_seeds,
     cut_at_stop,
 )
+from dataengine.policy.kv import (
+    ATTN_BLOCK,
+    ROW_MULTIPLE,
+    SUFFIX_BLOCK,
+    Attend,
+    PrefixCache,
+    block_keys,
+    blocked_attention_on,
+    check_supported,
+    round_up,
+)
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values `[1, kv_heads, L, head_dim]`
-
-
-def _buffer_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], extra: int) -> Any:
-    """A DynamicCache whose layers write new positions into preallocated buffers (room for
-    `extra` more) instead of concatenating: a decode step no longer copies the whole cache."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    class BufferLayer(DynamicLayer):
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-            super().__init__()
-            n, h, length, d = keys.shape
-            self.buf_k = keys.new_empty((n, h, length + extra, d))
-            self.buf_v = values.new_empty((n, values.shape[1], length + extra, values.shape[3]))
-            self.buf_k[:, :, :length] = keys
-            self.buf_v[:, :, :length] = values
-            self.length = length
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self._views()
-
-        def _views(self) -> None:
-            self.keys, self.values = self.buf_k[:, :, : self.length], self.buf_v[:, :, : self.length]
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-            m = key_states.shape[2]
-            if self.length + m > self.buf_k.shape[2]:
-                grow = max(m, self.buf_k.shape[2])
-                self.buf_k = torch.cat([self.buf_k, self.buf_k.new_empty(self.buf_k.shape[:2] + (grow,) + self.buf_k.shape[3:])], 2)
-                self.buf_v = torch.cat([self.buf_v, self.buf_v.new_empty(self.buf_v.shape[:2] + (grow,) + self.buf_v.shape[3:])], 2)
-            self.buf_k[:, :, self.length : self.length + m] = key_states
-            self.buf_v[:, :, self.length : self.length + m] = value_states
-            self.length += m
-            self._views()
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self.buf_k, self.buf_v = self.buf_k[indices], self.buf_v[indices]
-            self._views()
-
-    cache = DynamicCache()
-    cache.layers = [BufferLayer(k, v) for k, v in layers]
-    return cache
-
-
-class PrefixCache:
-    """LRU of encoded prompt prefixes: token ids -> per-layer keys/values `[1, kv_heads, L, head_dim]`.
-
-    max_tokens: total cached positions kept (memory is about max_tokens * layers * 2 * kv_heads *
-        head_dim * 4 bytes; 46 KB per position for SmolLM2-135M in float32).
-    """
-
-    def __init__(self, max_tokens: int = 16384):
-        self.max_tokens = max_tokens
-        self.entries: OrderedDict[tuple[int, ...], tuple[np.ndarray, KV]] = OrderedDict()
-        self.tokens = 0
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def longest(self, ids: Sequence[int], limit: int) -> tuple[int, KV | None]:
-        """The longest common prefix (at most `limit` tokens) of `ids` with any entry, and its KV."""
-        query = np.asarray(ids[:limit], dtype=np.int64)
-        best_len, best_key = 0, None
-        for key, (arr, _) in self.entries.items():
-            n = min(len(arr), len(query))
-            if n <= best_len:
-                continue
-            diff = np.flatnonzero(arr[:n] != query[:n])
-            common = int(diff[0]) if diff.size else n
-            if common > best_len:
-                best_len, best_key = common, key
-        if best_key is None:
-            return 0, None
-        self.entries.move_to_end(best_key)
-        kv = self.entries[best_key][1]
-        return best_len, [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in kv]
-
-    def put(self, ids: Sequence[int], kv: KV) -> None:
-        key = tuple(ids)
-        if not key or len(key) > self.max_tokens:
-            return
-        if key in self.entries:
-            self.entries.move_to_end(key)
-            return
-        self.entries[key] = (np.asarray(key, dtype=np.int64), kv)
-        self.tokens += len(key)
-        while self.tokens > self.max_tokens:
-            old, _ = self.entries.popitem(last=False)
-            self.tokens -= len(old)
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.tokens = 0
-
-
-@dataclass
-class _Row:
-    """One forward row: cached prefix (`past` of `past_len` tokens) plus new tokens `rest`."""
-
-    past: KV | None
-    past_len: int
-    rest: list[int]
+MAX_SLOTS = 16  # samples of one prompt per group (more samples make more groups)
+SCORE_SLOTS = 8  # scored continuations of one prompt per group
+WORKSPACE_BYTES = 512 << 20  # buffers up to this size are kept between calls
 
 
 class HFPolicy(Policy):
     """Policy over a transformers causal LM and its tokenizer (with a tool-aware chat template).
 
-    prefix_reuse: encode each distinct prompt once and keep prefixes in the LRU (False encodes
-        every row's whole prompt every call, as plain batched generation does).
+    prefix_reuse: keep encoded prompt blocks in the LRU across calls (False encodes each
+        distinct prompt of a call from scratch; the outputs are the same, bit for bit).
     cache_tokens: size of the prefix LRU in token positions.
-    min_shared_prefix: encode the common prefix of a batch's new prompts first when it is at
-        least this many tokens longer than what the cache already holds.
-    max_batch_tokens: bound on rows x new tokens per encoding forward (memory of one forward).
+    max_batch_tokens: bound on rows x tokens of one `score` forward (4 x that for its logits).
     max_batch_rows: most sequences decoded together (bounds the key/value memory).
     """
 
@@ -170,19 +73,19 @@ class HFPolicy(Policy):
         *,
         prefix_reuse: bool = True,
         cache_tokens: int = 16384,
-        min_shared_prefix: int = 16,
         max_batch_tokens: int = 4096,
         max_batch_rows: int = 64,
         stop_strings: Sequence[str] = STOP_STRINGS,
     ):
         from dataengine.models import model_id
 
+        check_supported(model)
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         self.prefix_reuse = prefix_reuse
         self.cache = PrefixCache(cache_tokens)
-        self.min_shared_prefix = min_shared_prefix
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_rows = max_batch_rows
         self.stop_strings = tuple(stop_strings)
@@ -190,6 +93,12 @@ class HFPolicy(Policy):
         self.stats = PolicyStats()
         self.eos_ids = _end_of_turn_ids(model, tokenizer)
         self.end_turn_id = self.eos_ids[0]
+        config = model.config
+        self.layers = config.num_hidden_layers
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.group_heads = config.num_attention_heads // self.kv_heads  # query heads per kv head
+        self._buffers: dict[str, torch.Tensor] = {}
 
     @classmethod
     def load(
@@ -230,7 +139,7 @@ class HFPolicy(Policy):
 
     # ---- public API ------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def sample(
         self,
         convs: Sequence[Conversation],
@@ -249,17 +158,25 @@ class HFPolicy(Policy):
             self.stats.calls += 1
             prompts = [self.encode(c) for c in convs]
             out: list[list[Sample]] = [[] for _ in convs]
-            # Rows: (conversation index, sample index); grouped so one decode batch stays bounded.
-            rows = [(c, i) for c in range(len(convs)) for i in range(k)]
-            for start in range(0, len(rows), self.max_batch_rows):
-                chunk = rows[start : start + self.max_batch_rows]
-                samples = self._generate(prompts, chunk, max_new_tokens, temperature, top_p, seeds)
-                for (c, _), s in zip(chunk, samples):
-                    out[c].append(s)
-            self.stats.sequences += len(rows)
+            # Groups: (conversation, sample indices), at most `slots` samples each, whole groups
+            # per decode batch.
+            slots = min(k, MAX_SLOTS)
+            groups = [(c, list(range(s, min(k, s + slots)))) for c in range(len(convs)) for s in range(0, k, slots)]
+            limit = max(self.max_batch_rows, slots)
+            batch: list[tuple[int, list[int]]] = []
+            for group in groups + [None]:  # type: ignore[list-item]
+                if group is not None and sum(len(g[1]) for g in batch) + len(group[1]) <= limit:
+                    batch.append(group)
+                    continue
+                if batch:
+                    samples = self._generate(prompts, batch, slots, max_new_tokens, temperature, top_p, seeds)
+                    for (c, _), s in zip([(c, i) for c, idx in batch for i in idx], samples):
+                        out[c].append(s)
+                batch = [group] if group is not None else []
+            self.stats.sequences += len(convs) * k
         return out
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:
         if len(convs) != len(continuations):
             raise ValueError(f"score needs one continuation per conversation: {len(convs)} != {len(continuations)}")
@@ -274,215 +191,241 @@ class HFPolicy(Policy):
                 targets.append(ids + [self.end_turn_id] if end_turn else ids)
             if any(not t for t in targets):
                 raise ValueError("cannot score an empty continuation with end_turn=False")
-            pasts = self._encode_prompts(prompts, list(range(len(prompts))))
-            rows = [_Row(pasts[i][0], len(p) - 1, [p[-1]] + t[:-1]) for i, (p, t) in enumerate(zip(prompts, targets))]
-            logprobs = self._forward_rows(rows, targets=targets, keep_kv=False)[1]
+            logprobs: list[list[float]] = []
+            budget = max(1, self.max_batch_tokens // 4)
+            chunk: list[int] = []
+            for i in list(range(len(prompts))) + [None]:  # type: ignore[list-item]
+                if i is not None:
+                    width = max(2, max(len(targets[j]) for j in chunk + [i]))
+                    rows = round_up(len(chunk) + 1, ROW_MULTIPLE)
+                    if not chunk or (rows <= self.max_batch_rows and rows * width <= budget):
+                        chunk.append(i)
+                        continue
+                if chunk:
+                    logprobs += self._score_chunk([prompts[j] for j in chunk], [targets[j] for j in chunk])
+                chunk = [i] if i is not None else []
             self.stats.scored_tokens += sum(len(t) for t in targets)
             result = []
             for text, t, lp in zip(continuations, targets, logprobs):
-                lp = [float(x) for x in lp]
                 result.append(Sample(text, tuple(t), tuple(lp), float(sum(lp)), len(t), "stop" if end_turn else "length"))
         return result
 
-    # ---- encoding --------------------------------------------------------------------------
+    # ---- forwards --------------------------------------------------------------------------
 
-    def _encode_prompts(self, prompts: list[list[int]], wanted: list[int]) -> dict[int, tuple[KV, int]]:
-        """Keys/values of `prompts[i][:-1]` for each i in `wanted`: {i: (kv, length)}."""
-        heads = {i: tuple(prompts[i][:-1]) for i in wanted}
-        distinct = list(dict.fromkeys(heads.values()))
-        if not self.prefix_reuse:
-            # Plain batched generation: every row encodes its whole prompt, nothing is kept.
-            rows = [_Row(None, 0, list(heads[i])) for i in wanted]
-            kvs = self._forward_rows(rows, keep_kv=True)[0]
-            return {i: (kv, len(heads[i])) for i, kv in zip(wanted, kvs)}
-        self._encode_shared_prefix(distinct)
-        rows = []
-        for head in distinct:
-            hit, past = self.cache.longest(head, len(head))
-            rows.append(_Row(past, hit, list(head[hit:])))
-            self.stats.cached_tokens += hit
-        todo = [r for r in rows if r.rest]
-        kvs = iter(self._forward_rows(todo, keep_kv=True)[0])
-        by_head = {}
-        for head, row in zip(distinct, rows):
-            kv = next(kvs) if row.rest else row.past
-            self.cache.put(head, kv)
-            by_head[head] = kv
-        return {i: (by_head[heads[i]], len(heads[i])) for i in wanted}
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attend: Attend, keep: int) -> torch.Tensor:
+        """Logits `[rows, keep, vocab]` of the last `keep` positions of `ids` `[rows, T]`."""
+        with blocked_attention_on(self.model):
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep, attend=attend)
+        return out.logits
 
-    def _encode_shared_prefix(self, heads: list[tuple[int, ...]]) -> None:
-        """Encode the common prefix of several new prompts once, so each then encodes only its rest."""
-        if len(heads) < 2:
-            return
-        arrs = [np.asarray(h, dtype=np.int64) for h in heads]
-        n = min(len(a) for a in arrs)
-        same = np.all(np.stack([a[:n] for a in arrs]) == arrs[0][:n], axis=0)
-        common = int(np.argmin(same)) if not same.all() else n
-        hit, past = self.cache.longest(heads[0], common)
-        if common - hit < self.min_shared_prefix:
-            return
-        self.stats.cached_tokens += hit
-        kv = self._forward_rows([_Row(past, hit, list(heads[0][hit:common]))], keep_kv=True)[0][0]
-        self.cache.put(heads[0][:common], kv)
+    def _work(self, name: str, *shape: int) -> torch.Tensor:
+        """A buffer of `shape` kept between calls (contents undefined): on CPU every fresh large
+        allocation page-faults its memory in again."""
+        numel = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=self.dtype, device=self.device)
+            if numel * buf.element_size() <= WORKSPACE_BYTES:
+                self._buffers[name] = buf
+        return buf[:numel].view(shape)
 
-    def _forward_rows(
-        self, rows: list[_Row], *, targets: list[list[int]] | None = None, keep_kv: bool
-    ) -> tuple[list[KV], list[list[float]]]:
-        """Run the model on each row's `rest` after its cached `past`, in memory-bounded chunks.
-
-        Returns per row: the keys/values of past+rest (if keep_kv) and, with `targets` (one id per
-        rest position), the log-prob of each target.
-        """
-        kvs: list[KV] = [None] * len(rows)  # type: ignore[list-item]
-        lps: list[list[float]] = [[] for _ in rows]
-        order = sorted(range(len(rows)), key=lambda r: len(rows[r].rest) + rows[r].past_len)
-        # Scoring materialises [rows, rest, vocab] logits, so it gets smaller chunks.
-        budget = self.max_batch_tokens // (4 if targets is not None else 1)
-        chunk: list[int] = []
-        for r in order + [None]:  # type: ignore[list-item]
-            if r is not None:
-                width = max([len(rows[j].rest) + rows[j].past_len for j in chunk + [r]])
-                if not chunk or width * (len(chunk) + 1) <= budget:
-                    chunk.append(r)
-                    continue
-            if not chunk:
-                break
-            sub_targets = [targets[j] for j in chunk] if targets is not None else None
-            got_kv, got_lp = self._forward_chunk([rows[j] for j in chunk], sub_targets, keep_kv)
-            for j, kv, lp in zip(chunk, got_kv, got_lp):
-                kvs[j], lps[j] = kv, lp
-            chunk = [r] if r is not None else []
-            if r is None:
-                break
-        return kvs, lps
-
-    def _forward_chunk(
-        self, rows: list[_Row], targets: list[list[int]] | None, keep_kv: bool
-    ) -> tuple[list[KV | None], list[list[float]]]:
-        from transformers import DynamicCache
-
-        n = len(rows)
-        tp = max(r.past_len for r in rows)
-        tr = max(len(r.rest) for r in rows)
-        dev = self.device
-        ids = torch.full((n, tr), self.end_turn_id, dtype=torch.long, device=dev)
-        pos = torch.zeros((n, tr), dtype=torch.long, device=dev)
-        valid = torch.zeros((n, tp + tr), dtype=torch.bool, device=dev)
-        for b, r in enumerate(rows):
-            m = len(r.rest)
-            ids[b, tr - m :] = torch.tensor(r.rest, device=dev)
-            pos[b, tr - m :] = torch.arange(r.past_len, r.past_len + m, device=dev)
-            valid[b, tp - r.past_len : tp] = True
-            valid[b, tp + tr - m :] = True
-        cache = DynamicCache(ddp_cache_data=_stack_past(rows, tp, self.model, dev)) if tp else DynamicCache()
-        self.stats.prefill_tokens += sum(len(r.rest) for r in rows)
-        out = self.model(
-            input_ids=ids,
-            position_ids=pos,
-            attention_mask=_attention_mask(valid, tr),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=tr if targets is not None else 1,
-        )
-        kvs: list[KV | None] = []
-        for b, r in enumerate(rows):
-            if not keep_kv:
-                kvs.append(None)
+    def _fill_heads(self, heads: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int], int]:
+        """Keys/values of each prompt head as one group: `[layers, 2, len(heads), kv_heads,
+        nb * ATTN_BLOCK, head_dim]`, zeros past each head's end; the head lengths; and the
+        shared length (`Attend.shared`: whole ATTN_BLOCKs where all heads have the same tokens)."""
+        lengths = [len(h) for h in heads]
+        shared = min(lengths)
+        first_head = np.asarray(heads[0][:shared], dtype=np.int64)
+        for h in heads[1:]:
+            diff = np.flatnonzero(np.asarray(h[:shared], dtype=np.int64) != first_head[:shared])
+            shared = int(diff[0]) if diff.size else shared
+        shared -= shared % ATTN_BLOCK
+        width = round_up(max(lengths), ATTN_BLOCK)
+        prefix = self._work("prefix", self.layers, 2, len(heads), self.kv_heads, width, self.head_dim)
+        first: dict[tuple[int, ...], int] = {}
+        # Without prefix_reuse blocks are still shared within the call.
+        cache = self.cache if self.prefix_reuse else PrefixCache(sum(lengths))
+        for g, head in enumerate(heads):
+            key = tuple(head)
+            if key in first:
+                prefix[:, :, g] = prefix[:, :, first[key]]
                 continue
-            m = len(r.rest)
-            kvs.append(
-                [
-                    (
-                        torch.cat([layer.keys[b : b + 1, :, tp - r.past_len : tp], layer.keys[b : b + 1, :, tp + tr - m :]], dim=2),
-                        torch.cat(
-                            [layer.values[b : b + 1, :, tp - r.past_len : tp], layer.values[b : b + 1, :, tp + tr - m :]], dim=2
-                        ),
-                    )
-                    for layer in cache.layers
-                ]
-            )
-        lps: list[list[float]] = [[] for _ in rows]
-        if targets is not None:
-            logp = torch.log_softmax(out.logits.float(), dim=-1)
-            for b, t in enumerate(targets):
-                m = len(t)
-                picked = logp[b, tr - m :].gather(-1, torch.tensor(t, device=dev)[:, None])[:, 0]
-                lps[b] = picked.tolist()
-        return kvs, lps
+            first[key] = g
+            self._head_kv(head, prefix[:, :, g : g + 1], cache)
+            prefix[:, :, g, :, len(head) :] = 0
+        return prefix, lengths, shared
+
+    def _head_kv(self, head: Sequence[int], out: torch.Tensor, cache: PrefixCache) -> None:
+        """Write the keys/values of the prompt tokens `head` into `out` `[layers, 2, 1, kv_heads,
+        >= len(head), head_dim]`: the blocks `cache` holds, then the rest in forwards of at most
+        one ATTN_BLOCK chunk each (see `_encode`); new blocks go into `cache`."""
+        keys = block_keys(head)
+        done, hits, before = 0, 0, b""
+        for start, end, digest in keys:
+            kv = cache.get(digest)
+            if kv is None:
+                break
+            out[:, :, 0, :, start:end] = kv
+            done, hits, before = end, hits + 1, digest
+        if hits < len(keys):
+            length, kv = cache.partial(before, head[done:])
+            if kv is not None:
+                out[:, :, 0, :, done : done + length] = kv
+                done += length
+        self.stats.cached_tokens += done
+        while done < len(head):
+            end = min(len(head), done - done % ATTN_BLOCK + ATTN_BLOCK)
+            self._encode(head[done:end], done, out)
+            self.stats.prefill_tokens += end - done
+            done = end
+        before = keys[hits - 1][2] if hits else b""
+        for start, end, digest in keys[hits:]:
+            cache.put(digest, out[:, :, 0, :, start:end].clone(), before, head[start:end])
+            before = digest
+
+    def _encode(self, tokens: Sequence[int], done: int, out: torch.Tensor) -> None:
+        """Write into `out` the keys/values of `tokens` at positions done.. (all in one ATTN_BLOCK
+        chunk), given positions [0, done) in `out`.
+
+        The chunk's earlier positions are suffix keys here and the chunks before are the prefix,
+        so every position is computed the same way whatever was cached: its own chunk in
+        SUFFIX_BLOCKs from the chunk start, earlier chunks in ATTN_BLOCKs."""
+        t = len(tokens)
+        rows = round_up(t, ROW_MULTIPLE)  # padding tokens come after the real ones (causal)
+        chunk = done - done % ATTN_BLOCK
+        off = done - chunk
+        suffix = self._work("block", self.layers, 2, 1, self.kv_heads, round_up(off + rows, SUFFIX_BLOCK), self.head_dim)
+        suffix.zero_()
+        suffix[:, :, :, :, :off] = out[:, :, :, :, chunk:done]
+        attend = Attend(suffix, off)
+        if chunk:
+            attend.set_prefix(out[:, :, :, :, :chunk], [chunk], [0], shared=chunk)
+        ids = torch.tensor([list(tokens) + [self.end_turn_id] * (rows - t)], dtype=torch.long, device=self.device)
+        pos = torch.arange(done, done + rows, device=self.device)[None]
+        self._forward(ids, pos, attend, keep=1)
+        out[:, :, :, :, done : done + t] = suffix[:, :, :, :, off : off + t]
+
+    def _score_chunk(self, prompts: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        """Log-prob of each target token after its prompt, in one forward; rows with the same
+        prompt share its keys/values (SCORE_SLOTS rows per group)."""
+        heads: list[list[int]] = []
+        scatter: list[int] = []
+        open_group: dict[tuple[int, ...], tuple[int, int]] = {}
+        for p in prompts:
+            g, used = open_group.get(tuple(p[:-1]), (-1, SCORE_SLOTS))
+            if used == SCORE_SLOTS:
+                g, used = len(heads), 0
+                heads.append(p[:-1])
+            scatter.append(g * SCORE_SLOTS + used)
+            open_group[tuple(p[:-1])] = (g, used + 1)
+        n = len(prompts)
+        rows = round_up(n, ROW_MULTIPLE)
+        # At least 4 query rows per suffix product (see kv): t * query heads per kv head >= 4.
+        t = max(max(len(x) for x in targets), -(-4 // self.group_heads))
+        prefix, lengths, shared = self._fill_heads(heads)
+        suffix = self._work("suffix", self.layers, 2, rows, self.kv_heads, round_up(t, SUFFIX_BLOCK), self.head_dim).zero_()
+        attend = Attend(suffix, 0, prefix, lengths, SCORE_SLOTS, scatter + [len(heads) * SCORE_SLOTS] * (rows - n), shared)
+        ids = torch.full((rows, t), self.end_turn_id, dtype=torch.long, device=self.device)
+        pos = torch.zeros((rows, t), dtype=torch.long, device=self.device)
+        for b, (p, x) in enumerate(zip(prompts, targets)):
+            ids[b, : len(x)] = torch.tensor([p[-1]] + x[:-1], device=self.device)
+            pos[b] = torch.arange(len(p) - 1, len(p) - 1 + t, device=self.device)
+        logp = torch.log_softmax(self._forward(ids, pos, attend, keep=t).float(), dim=-1)
+        return [
+            logp[b, : len(x)].gather(-1, torch.tensor(x, device=self.device)[:, None])[:, 0].tolist()
+            for b, x in enumerate(targets)
+        ]
 
     # ---- decoding --------------------------------------------------------------------------
 
     def _generate(
         self,
         prompts: list[list[int]],
-        rows: list[tuple[int, int]],
+        groups: list[tuple[int, list[int]]],
+        slots: int,
         max_new_tokens: int,
         temperature: float,
         top_p: float,
         seeds: list[int],
     ) -> list[Sample]:
-        """Sample one turn for each (prompt index, sample index) row, all rows decoded together."""
-
+        """Sample one turn for each (conversation, sample index) of `groups`, all decoded together.
+        Returns the samples in group order."""
         dev = self.device
-        if self.prefix_reuse:
-            pasts = self._encode_prompts(prompts, sorted({c for c, _ in rows}))
-            past_rows = [_Row(pasts[c][0], pasts[c][1], []) for c, _ in rows]
-        else:
-            # Plain batched generation: every row encodes its whole prompt, K times per state.
-            heads = [prompts[c][:-1] for c, _ in rows]
-            kvs = self._forward_rows([_Row(None, 0, h) for h in heads], keep_kv=True)[0]
-            past_rows = [_Row(kv, len(h), []) for kv, h in zip(kvs, heads)]
+        rows = [(c, i) for c, idx in groups for i in idx]
+        group_of = [g for g, (_, idx) in enumerate(groups) for _ in idx]
+        slot_of = [i % slots for _, idx in groups for i in idx]
         n = len(rows)
-        tp = max(r.past_len for r in past_rows)
-        cache = _buffer_cache(_stack_past(past_rows, tp, self.model, dev), max_new_tokens)
-        valid = torch.zeros((n, tp), dtype=torch.bool, device=dev)
-        for b, r in enumerate(past_rows):
-            valid[b, tp - r.past_len :] = True
-        pos = torch.tensor([[r.past_len] for r in past_rows], dtype=torch.long, device=dev)
-        tokens = torch.tensor([[prompts[c][-1]] for c, _ in rows], dtype=torch.long, device=dev)
-        keys = [_row_key(seeds[c], prompts[c], i) for c, i in rows]
-        active = list(range(n))  # original row of each batch position
+        width = round_up(n, ROW_MULTIPLE)
+        prefix, lengths, shared = self._fill_heads([prompts[c][:-1] for c, _ in groups])
+        cap = round_up(max_new_tokens, SUFFIX_BLOCK)
+        suffix = self._work("suffix", self.layers, 2, width, self.kv_heads, cap, self.head_dim).zero_()
+        live_groups = list(range(len(groups)))  # group held in each prefix slot
+        scatter = [g * slots + s for g, s in zip(group_of, slot_of)] + [len(groups) * slots] * (width - n)
+        attend = Attend(suffix, 0, prefix, lengths, slots, scatter, shared)
+        tokens = torch.tensor([prompts[c][-1] for c, _ in rows] + [self.end_turn_id] * (width - n), device=dev)
+        pos = torch.tensor([len(prompts[c]) - 1 for c, _ in rows] + [0] * (width - n), device=dev)
+        draws = torch.tensor(
+            [[_uniform(_row_key(seeds[c], prompts[c], i), t) for t in range(max_new_tokens)] for c, i in rows]
+            + [[0.5] * max_new_tokens] * (width - n),
+            dtype=torch.float64,
+            device=dev,
+        )
+        batch = list(range(width))  # row at each batch position (>= n: padding)
         gen: list[list[int]] = [[] for _ in rows]
         lps: list[list[float]] = [[] for _ in rows]
-        finish: list[str] = ["length"] * n
+        finish: list[str | None] = [None] * n
         eos = torch.tensor(self.eos_ids, device=dev)
         for step in range(max_new_tokens):
-            valid = torch.cat([valid, torch.ones((len(active), 1), dtype=torch.bool, device=dev)], dim=1)
-            out = self.model(
-                input_ids=tokens,
-                position_ids=pos,
-                attention_mask=_attention_mask(valid, 1),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1].float()
+            attend.start = step
+            logits = self._forward(tokens[:, None], pos[:, None], attend, keep=1)[:, -1].float()
             logp = torch.log_softmax(logits, dim=-1)
-            draws = torch.tensor([_uniform(keys[r], step) for r in active], device=dev)
-            choice = _choose(logits, temperature, top_p, draws)
+            choice = _choose(logits, temperature, top_p, draws[torch.tensor(batch, device=dev), step])
             picked = logp.gather(-1, choice[:, None])[:, 0]
-            self.stats.generated_tokens += len(active)
             done = torch.isin(choice, eos)
-            keep = []
-            for b, (r, tok, lp, d) in enumerate(zip(active, choice.tolist(), picked.tolist(), done.tolist())):
+            live = 0
+            for r, tok, lp, d in zip(batch, choice.tolist(), picked.tolist(), done.tolist()):
+                if r >= n or finish[r] is not None:
+                    continue
                 gen[r].append(tok)
                 lps[r].append(lp)
+                self.stats.generated_tokens += 1
                 if d:
                     finish[r] = "stop"
                 elif self.stop_strings and self._hit_stop(gen[r]):
                     finish[r] = "stop_string"
                 else:
-                    keep.append(b)
-            if not keep:
+                    live += 1
+            if not live or step + 1 == max_new_tokens:
                 break
-            if len(keep) < len(active):
-                index = torch.tensor(keep, device=dev)
-                for layer in cache.layers:
-                    layer.batch_select_indices(index)
-                valid, choice, pos = valid[index], choice[index], pos[index]
-                active = [active[b] for b in keep]
-            tokens = choice[:, None]
-            pos = pos + 1
-        return [self._finish(g, lp, f) for g, lp, f in zip(gen, lps, finish)]
+            tokens, pos = choice, pos + 1
+            if round_up(live, ROW_MULTIPLE) < len(batch):
+                # Drop ended rows, in place; ended rows kept as padding point at no group.
+                keep = [b for b, r in enumerate(batch) if r < n and finish[r] is None]
+                pad = [b for b, r in enumerate(batch) if r >= n or finish[r] is not None][: (-len(keep)) % ROW_MULTIPLE]
+                index = torch.tensor(keep + pad, device=dev)
+                used = suffix[:, :, :, :, : step + 1].index_select(2, index)
+                suffix = suffix[:, :, : len(index)]
+                suffix[:, :, :, :, : step + 1] = used
+                attend.suffix = suffix
+                tokens, pos = tokens[index], pos[index]
+                batch = [batch[b] for b in keep + pad]
+                alive = sorted({group_of[r] for r in batch[: len(keep)]})
+                if len(alive) <= 3 * len(live_groups) // 4:
+                    # Move the live groups' prefixes to the front (slots only move down).
+                    where = {g: j for j, g in enumerate(live_groups)}
+                    for j, g in enumerate(alive):
+                        if where[g] != j:
+                            prefix[:, :, j] = prefix[:, :, where[g]]
+                    lengths = [lengths[where[g]] for g in alive]
+                    prefix = prefix[:, :, : len(alive), :, : round_up(max(lengths), ATTN_BLOCK)]
+                    live_groups = alive
+                    attend.set_prefix(prefix, lengths, [], shared)
+                where = {g: j for j, g in enumerate(live_groups)}
+                attend.set_rows(
+                    [where[group_of[r]] * slots + slot_of[r] for r in batch[: len(keep)]]
+                    + [len(live_groups) * slots] * len(pad)
+                )
+        return [self._finish(g, lp, f or "length") for g, lp, f in zip(gen, lps, finish)]
 
     def _hit_stop(self, ids: list[int]) -> bool:
         tail = self.tokenizer.decode(ids[-8:], skip_special_tokens=False)
@@ -514,35 +457,6 @@ def _end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:
     if not ids:
         raise ValueError("tokenizer has no end-of-turn token (<|im_end|> or eos); cannot stop generation")
     return ids
-
-
-def _stack_past(rows: Sequence[_Row], tp: int, model: Any, dev: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the rows' cached keys/values left-padded to `tp`: `[rows, kv_heads, tp, head_dim]`."""
-    template = next(r.past for r in rows if r.past is not None)
-    layers = []
-    for layer, (k0, v0) in enumerate(template):
-        keys = k0.new_zeros((len(rows), k0.shape[1], tp, k0.shape[3]))
-        values = v0.new_zeros((len(rows), v0.shape[1], tp, v0.shape[3]))
-        for b, r in enumerate(rows):
-            if r.past_len:
-                k, v = r.past[layer]  # type: ignore[index]
-                keys[b, :, tp - r.past_len :] = k[0, :, : r.past_len]
-                values[b, :, tp - r.past_len :] = v[0, :, : r.past_len]
-        layers.append((keys, values))
-    return layers
-
-
-def _attention_mask(valid: torch.Tensor, q_len: int) -> torch.Tensor:
-    """4-D boolean mask `[rows, 1, q_len, kv_len]` from `valid` `[rows, kv_len]` (the last q_len
-    positions are the queries): a query sees valid keys up to itself. A padding query also sees
-    itself, so no row of the softmax is empty (an empty row gives NaN)."""
-    n, kv_len = valid.shape
-    q_idx = torch.arange(kv_len - q_len, kv_len, device=valid.device)[:, None]
-    k_idx = torch.arange(kv_len, device=valid.device)[None, :]
-    causal = k_idx <= q_idx
-    mask = valid[:, None, :] & causal[None]
-    mask |= (k_idx == q_idx)[None]
-    return mask[:, None]
 
 
 def _row_key(seed: int, prompt: list[int], index: int) -> bytes:
