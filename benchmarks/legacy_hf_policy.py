@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -188,7 +189,7 @@ class HFPolicy(Policy):
         system: str | None = None,
         listing: str | None = None,
         **options: Any,
-    ) -> "HFPolicy":
+    ) -> HFPolicy:
         """Load `model` ("smollm2", "tiny" or a folder) on `device` ("auto" picks cuda when present).
 
         fewshot, system, listing: the prompt options (`chat_template.install_prompt_options`).

@@ -13,7 +13,7 @@ import torch
 
 from dataengine.policy import Conversation, Sample, cut_at_stop, make_policy
 from dataengine.policy.hf import HFPolicy, _choose
-from dataengine.policy.kv import ATTN_BLOCK, CACHE_BLOCK, Attend, PrefixCache, blocked_attention, block_keys
+from dataengine.policy.kv import ATTN_BLOCK, CACHE_BLOCK, Attend, PrefixCache, block_keys, blocked_attention
 from dataengine.types import Message, ToolSpec
 
 ADD = ToolSpec(

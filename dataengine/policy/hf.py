@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -111,7 +112,7 @@ class HFPolicy(Policy):
         system: str | None = None,
         listing: str | None = None,
         **options: Any,
-    ) -> "HFPolicy":
+    ) -> HFPolicy:
         """Load `model` ("smollm2", "tiny" or a folder) on `device` ("auto" picks cuda when present).
 
         fewshot, system, listing: the prompt options (`chat_template.install_prompt_options`).
