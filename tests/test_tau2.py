@@ -236,8 +236,10 @@ def test_parity_on_one_task_every_kind(parity):
     assert {r["kind"] for r in rows} == set(parity.KINDS)
     assert all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
     assert summary["gold"] == {"n": 1, "agree": 1, "ours_pass": 1, "tau2_pass": 1}
-    for kind in parity.KINDS[1:]:
+    for kind in ("drop_write", "wrong_arg", "missing_info", "extra_write"):
         assert summary[kind]["tau2_pass"] == summary[kind]["ours_pass"] == 0, kind
+    # the repeated write is refused or changes nothing: still solved, by both
+    assert summary["repeat_write"] == {"n": 1, "agree": 1, "ours_pass": 1, "tau2_pass": 1}
     by_kind = {r["kind"]: r["tau2_detail"]["components"] for r in rows}
     assert by_kind["missing_info"] == {"DB": True, "COMMUNICATE": False, "ACTION": True}
     assert by_kind["drop_write"]["DB"] is False and by_kind["extra_write"]["DB"] is False

@@ -100,7 +100,7 @@ def tau2_command(
     domain: list[str] = typer.Option(["retail", "airline"], "--domain", help="tau2 domain (repeatable): retail, airline."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N tasks of each domain."),
     ids: list[str] | None = typer.Option(None, "--id", help="Only these tau2 task ids (repeatable)."),
-    kind: list[str] | None = typer.Option(None, "--kind", help="Trajectory kinds (repeatable): gold, drop_write, wrong_arg, missing_info, extra_write (default: all)."),
+    kind: list[str] | None = typer.Option(None, "--kind", help="Trajectory kinds (repeatable): gold, drop_write, wrong_arg, missing_info, extra_write, repeat_write (default: all)."),
     out: Path | None = typer.Option(None, "--out", help="Write one JSON row per trajectory here (ours and tau2's reward and components)."),
 ) -> None:
     """Score gold and perturbed trajectories of every tau2 task with our reward and with the installed

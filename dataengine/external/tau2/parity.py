@@ -8,7 +8,9 @@ communicate_info item) and deterministic perturbations of it:
   a list loses its last element);
 - missing_info: the final reply leaves out the first communicate_info item (tasks that have one);
 - extra_write: one more successful write before the reply (retail: modify_user_address, airline:
-  send_certificate, for the task's user).
+  send_certificate, for the task's user);
+- repeat_write: the last gold write that succeeds issued once more before the reply (tau2
+  mostly refuses it, or it changes nothing: the reward can stay 1).
 
 Each trajectory runs in this process on our tools (an Episode, scored by Tau2Verifier) and is
 converted to tau2 messages (tool responses from tau2's own Environment) that tau2's
@@ -30,7 +32,7 @@ from dataengine.types import Action, Episode, Step, Task, ToolCall, ToolResult
 from dataengine.verifiers.end_state import EndStateVerifier
 from dataengine.verifiers.tau2 import Tau2Verifier
 
-KINDS = ("gold", "drop_write", "wrong_arg", "missing_info", "extra_write")
+KINDS = ("gold", "drop_write", "wrong_arg", "missing_info", "extra_write", "repeat_write")
 EXTRA_ADDRESS = {"address1": "1 Extra St", "address2": "", "city": "Springfield", "state": "IL", "country": "USA", "zip": "62701"}
 
 
@@ -119,6 +121,7 @@ def perturbations(task: Task, gold: Episode) -> list[tuple[str, list[Action]]]:
             key = list(call.arguments)[-1]
             wrong = ToolCall(name=call.name, arguments={**call.arguments, key: _mutate(call.arguments[key])})
             out.append(("wrong_arg", [*map(_call_action, calls[:last] + [wrong] + calls[last + 1 :]), reply]))
+        out.append(("repeat_write", [*map(_call_action, [*calls, calls[last]]), reply]))
     if infos:
         out.append(("missing_info", [*map(_call_action, calls), _reply(ours.gold_reply(infos[1:]))]))
     extra = _extra_write(task, domain)
