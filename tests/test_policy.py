@@ -93,7 +93,7 @@ def test_prefix_reuse_saves_prefill(policy):
     fresh = HFPolicy(policy.model, policy.tokenizer)
     plain = HFPolicy(policy.model, policy.tokenizer, prefix_reuse=False)
     k = 4
-    heads = [len(fresh.encode(c)) - 1 for c in convs()]
+    heads = [len(fresh.encode(c)) for c in convs()]
     for p in (fresh, plain):
         p.sample(convs(), k, max_new_tokens=4, seed=0)
         # Each prompt once, not K times; the blocks the prompts share once.
@@ -125,6 +125,8 @@ def test_outputs_independent_of_earlier_calls_and_batch(policy):
     mixed = [convs()[2], targets[1], child_of(convs()[2]), targets[0]]
     again = other.sample(mixed, 3, max_new_tokens=12, seed=[5, seeds[1], 6, seeds[0]])
     assert exact([again[3], again[1]]) == exact(first)
+    other.cache.ends.clear()  # keys/values cached, the logits after the prompt recomputed
+    assert exact(other.sample(targets, 3, max_new_tokens=12, seed=seeds)) == exact(first)
     plain = HFPolicy(policy.model, policy.tokenizer, prefix_reuse=False).sample(targets[::-1], 3, max_new_tokens=12, seed=seeds[::-1])
     assert exact(plain[::-1]) == exact(first)
     # Scores too: alone, or among longer continuations of other prompts.

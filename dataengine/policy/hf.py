@@ -230,10 +230,13 @@ class HFPolicy(Policy):
                 self._buffers[name] = buf
         return buf[:numel].view(shape)
 
-    def _fill_heads(self, heads: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int], int]:
+    def _fill_heads(
+        self, heads: Sequence[Sequence[int]], logits: bool = False
+    ) -> tuple[torch.Tensor, list[int], int, torch.Tensor | None]:
         """Keys/values of each prompt head as one group: `[layers, 2, len(heads), kv_heads,
-        nb * ATTN_BLOCK, head_dim]`, zeros past each head's end; the head lengths; and the
-        shared length (`Attend.shared`: whole ATTN_BLOCKs where all heads have the same tokens)."""
+        nb * ATTN_BLOCK, head_dim]`, zeros past each head's end; the head lengths; the shared
+        length (`Attend.shared`: whole ATTN_BLOCKs where all heads have the same tokens); and with
+        `logits`, the logits after each head `[len(heads), vocab]` (float32)."""
         lengths = [len(h) for h in heads]
         shared = min(lengths)
         first_head = np.asarray(heads[0][:shared], dtype=np.int64)
@@ -243,6 +246,7 @@ class HFPolicy(Policy):
         shared -= shared % ATTN_BLOCK
         width = round_up(max(lengths), ATTN_BLOCK)
         prefix = self._work("prefix", self.layers, 2, len(heads), self.kv_heads, width, self.head_dim)
+        after: list[torch.Tensor] = []
         first: dict[tuple[int, ...], int] = {}
         # Without prefix_reuse blocks are still shared within the call.
         cache = self.cache if self.prefix_reuse else PrefixCache(sum(lengths))
@@ -250,16 +254,18 @@ class HFPolicy(Policy):
             key = tuple(head)
             if key in first:
                 prefix[:, :, g] = prefix[:, :, first[key]]
+                after.append(after[first[key]] if logits else None)  # type: ignore[arg-type]
                 continue
             first[key] = g
-            self._head_kv(head, prefix[:, :, g : g + 1], cache)
+            after.append(self._head_kv(head, prefix[:, :, g : g + 1], cache, logits))  # type: ignore[arg-type]
             prefix[:, :, g, :, len(head) :] = 0
-        return prefix, lengths, shared
+        return prefix, lengths, shared, torch.stack(after) if logits else None
 
-    def _head_kv(self, head: Sequence[int], out: torch.Tensor, cache: PrefixCache) -> None:
+    def _head_kv(self, head: Sequence[int], out: torch.Tensor, cache: PrefixCache, logits: bool = False) -> torch.Tensor | None:
         """Write the keys/values of the prompt tokens `head` into `out` `[layers, 2, 1, kv_heads,
         >= len(head), head_dim]`: the blocks `cache` holds, then the rest in forwards of at most
-        one ATTN_BLOCK chunk each (see `_encode`); new blocks go into `cache`."""
+        one ATTN_BLOCK chunk each (see `_encode`); new blocks go into `cache`. With `logits`,
+        returns the logits after the last token `[vocab]` (cached with the last block)."""
         keys = block_keys(head)
         done, hits, before = 0, 0, b""
         for start, end, digest in keys:
@@ -274,19 +280,28 @@ class HFPolicy(Policy):
                 out[:, :, 0, :, done : done + length] = kv
                 done += length
         self.stats.cached_tokens += done
+        last = cache.logits(keys[-1][2]) if logits and hits == len(keys) else None
+        if logits and last is None and done == len(head):
+            # All keys/values cached but not the logits: the last position again (same numbers).
+            done -= 1
+            self.stats.cached_tokens -= 1
         while done < len(head):
             end = min(len(head), done - done % ATTN_BLOCK + ATTN_BLOCK)
-            self._encode(head[done:end], done, out)
+            last = self._encode(head[done:end], done, out, logits and end == len(head))
             self.stats.prefill_tokens += end - done
             done = end
         before = keys[hits - 1][2] if hits else b""
         for start, end, digest in keys[hits:]:
             cache.put(digest, out[:, :, 0, :, start:end].clone(), before, head[start:end])
             before = digest
+        if logits:
+            cache.set_logits(keys[-1][2], last)  # type: ignore[arg-type]
+        return last
 
-    def _encode(self, tokens: Sequence[int], done: int, out: torch.Tensor) -> None:
+    def _encode(self, tokens: Sequence[int], done: int, out: torch.Tensor, logits: bool = False) -> torch.Tensor | None:
         """Write into `out` the keys/values of `tokens` at positions done.. (all in one ATTN_BLOCK
-        chunk), given positions [0, done) in `out`.
+        chunk), given positions [0, done) in `out`; with `logits`, return the logits after the
+        last token `[vocab]` (float32).
 
         The chunk's earlier positions are suffix keys here and the chunks before are the prefix,
         so every position is computed the same way whatever was cached: its own chunk in
@@ -303,8 +318,11 @@ class HFPolicy(Policy):
             attend.set_prefix(out[:, :, :, :, :chunk], [chunk], [0], shared=chunk)
         ids = torch.tensor([list(tokens) + [self.end_turn_id] * (rows - t)], dtype=torch.long, device=self.device)
         pos = torch.arange(done, done + rows, device=self.device)[None]
-        self._forward(ids, pos, attend, keep=1)
+        # Logits of the last ROW_MULTIPLE positions: always that many rows in the vocab product.
+        keep = ROW_MULTIPLE if logits else 1
+        got = self._forward(ids, pos, attend, keep=keep)
         out[:, :, :, :, done : done + t] = suffix[:, :, :, :, off : off + t]
+        return got[0, keep - 1 - (rows - t)].float().clone() if logits else None
 
     def _score_chunk(self, prompts: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Log-prob of each target token after its prompt, in one forward; rows with the same
@@ -323,7 +341,7 @@ class HFPolicy(Policy):
         rows = round_up(n, ROW_MULTIPLE)
         # At least 4 query rows per suffix product (see kv): t * query heads per kv head >= 4.
         t = max(max(len(x) for x in targets), -(-4 // self.group_heads))
-        prefix, lengths, shared = self._fill_heads(heads)
+        prefix, lengths, shared, _ = self._fill_heads(heads)
         suffix = self._work("suffix", self.layers, 2, rows, self.kv_heads, round_up(t, SUFFIX_BLOCK), self.head_dim).zero_()
         attend = Attend(suffix, 0, prefix, lengths, SCORE_SLOTS, scatter + [len(heads) * SCORE_SLOTS] * (rows - n), shared)
         ids = torch.full((rows, t), self.end_turn_id, dtype=torch.long, device=self.device)
@@ -357,14 +375,14 @@ class HFPolicy(Policy):
         slot_of = [i % slots for _, idx in groups for i in idx]
         n = len(rows)
         width = round_up(n, ROW_MULTIPLE)
-        prefix, lengths, shared = self._fill_heads([prompts[c][:-1] for c, _ in groups])
-        cap = round_up(max_new_tokens, SUFFIX_BLOCK)
+        # Whole prompts: the first token is sampled from the logits of the prompt's encoding.
+        prefix, lengths, shared, first = self._fill_heads([prompts[c] for c, _ in groups], logits=True)
+        cap = round_up(max(1, max_new_tokens - 1), SUFFIX_BLOCK)
         suffix = self._work("suffix", self.layers, 2, width, self.kv_heads, cap, self.head_dim).zero_()
         live_groups = list(range(len(groups)))  # group held in each prefix slot
         scatter = [g * slots + s for g, s in zip(group_of, slot_of)] + [len(groups) * slots] * (width - n)
         attend = Attend(suffix, 0, prefix, lengths, slots, scatter, shared)
-        tokens = torch.tensor([prompts[c][-1] for c, _ in rows] + [self.end_turn_id] * (width - n), device=dev)
-        pos = torch.tensor([len(prompts[c]) - 1 for c, _ in rows] + [0] * (width - n), device=dev)
+        pos = torch.tensor([len(prompts[c]) for c, _ in rows] + [0] * (width - n), device=dev)
         draws = torch.tensor(
             [[_uniform(_row_key(seeds[c], prompts[c], i), t) for t in range(max_new_tokens)] for c, i in rows]
             + [[0.5] * max_new_tokens] * (width - n),
@@ -377,8 +395,12 @@ class HFPolicy(Policy):
         finish: list[str | None] = [None] * n
         eos = torch.tensor(self.eos_ids, device=dev)
         for step in range(max_new_tokens):
-            attend.start = step
-            logits = self._forward(tokens[:, None], pos[:, None], attend, keep=1)[:, -1].float()
+            if step == 0:
+                logits = first.index_select(0, torch.tensor(group_of + [0] * (width - n), device=dev))  # type: ignore[union-attr]
+            else:
+                attend.start = step - 1
+                logits = self._forward(tokens[:, None], pos[:, None], attend, keep=1)[:, -1].float()
+                pos = pos + 1
             logp = torch.log_softmax(logits, dim=-1)
             choice = _choose(logits, temperature, top_p, draws[torch.tensor(batch, device=dev), step])
             picked = logp.gather(-1, choice[:, None])[:, 0]
@@ -398,15 +420,15 @@ class HFPolicy(Policy):
                     live += 1
             if not live or step + 1 == max_new_tokens:
                 break
-            tokens, pos = choice, pos + 1
+            tokens = choice
             if round_up(live, ROW_MULTIPLE) < len(batch):
                 # Drop ended rows, in place; ended rows kept as padding point at no group.
                 keep = [b for b, r in enumerate(batch) if r < n and finish[r] is None]
                 pad = [b for b, r in enumerate(batch) if r >= n or finish[r] is not None][: (-len(keep)) % ROW_MULTIPLE]
                 index = torch.tensor(keep + pad, device=dev)
-                used = suffix[:, :, :, :, : step + 1].index_select(2, index)
+                used = suffix[:, :, :, :, :step].index_select(2, index)
                 suffix = suffix[:, :, : len(index)]
-                suffix[:, :, :, :, : step + 1] = used
+                suffix[:, :, :, :, :step] = used
                 attend.suffix = suffix
                 tokens, pos = tokens[index], pos[index]
                 batch = [batch[b] for b in keep + pad]

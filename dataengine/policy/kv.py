@@ -238,6 +238,7 @@ class PrefixCache:
         # digest -> (keys/values, digest before the block, the block's tokens if it is short)
         self.entries: OrderedDict[bytes, tuple[torch.Tensor, bytes, tuple[int, ...] | None]] = OrderedDict()
         self.short: dict[bytes, dict[bytes, tuple[int, ...]]] = {}  # digest before -> short blocks after it
+        self.ends: dict[bytes, torch.Tensor] = {}  # logits after the blocks that ended a prompt
         self.tokens = 0
 
     def __len__(self) -> int:
@@ -249,6 +250,14 @@ class PrefixCache:
             return None
         self.entries.move_to_end(key)
         return entry[0]
+
+    def logits(self, key: bytes) -> torch.Tensor | None:
+        """The logits after the block `key` ends, if a prompt ended there."""
+        return self.ends.get(key) if key in self.entries else None
+
+    def set_logits(self, key: bytes, logits: torch.Tensor) -> None:
+        if key in self.entries:
+            self.ends[key] = logits
 
     def partial(self, before: bytes, rest: Sequence[int]) -> tuple[int, torch.Tensor | None]:
         """The longest short block after the block chain `before` whose tokens start `rest`:
@@ -272,6 +281,7 @@ class PrefixCache:
         while self.tokens > self.max_tokens and len(self.entries) > 1:
             old_key, (old, old_before, old_short) = self.entries.popitem(last=False)
             self.tokens -= old.shape[3]
+            self.ends.pop(old_key, None)
             if old_short is not None:
                 self.short[old_before].pop(old_key, None)
                 if not self.short[old_before]:
@@ -280,6 +290,7 @@ class PrefixCache:
     def clear(self) -> None:
         self.entries.clear()
         self.short.clear()
+        self.ends.clear()
         self.tokens = 0
 
 
