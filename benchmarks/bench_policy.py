@@ -19,7 +19,7 @@ tokens/s per mode and the ratio of each to the strongest baseline (the fastest m
 `new`), and how many sequences `new` and `old` share token for token (seeded per row).
 
     .venv/bin/python benchmarks/bench_policy.py            # SmolLM2, B=8, K=8, 32 new tokens
-    .venv/bin/python benchmarks/bench_policy.py --quick    # tiny model, B=2, K=2, 8 tokens
+    .venv/bin/python benchmarks/bench_policy.py --quick    # tiny model, B=2, K=2, 8 tokens, 1 thread
 """
 
 from __future__ import annotations
@@ -131,12 +131,14 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8, help="K: samples per expansion")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--quick", action="store_true", help="tiny model, B=2, K=2, 8 tokens (a smoke test)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; --quick: 1)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, B=2, K=2, 8 tokens, 1 thread (a smoke test)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
     if args.quick:
+        # One thread: on a shared machine OpenMP threads wait on each other behind other processes.
         args.model, args.trees, args.k, args.max_new_tokens = "tiny", 2, 2, 8
+        args.threads = args.threads or 1
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:

@@ -383,6 +383,7 @@ class HFPolicy(Policy):
         scatter = [g * slots + s for g, s in zip(group_of, slot_of)] + [len(groups) * slots] * (width - n)
         attend = Attend(suffix, 0, prefix, lengths, slots, scatter, shared)
         pos = torch.tensor([len(prompts[c]) for c, _ in rows] + [0] * (width - n), device=dev)
+        tokens = torch.zeros(width, dtype=torch.long, device=dev)  # input of the next forward
         draws = torch.tensor(
             [[_uniform(_row_key(seeds[c], prompts[c], i), t) for t in range(max_new_tokens)] for c, i in rows]
             + [[0.5] * max_new_tokens] * (width - n),
