@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,6 +101,7 @@ class HFPolicy(Policy):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.group_heads = config.num_attention_heads // self.kv_heads  # query heads per kv head
         self._buffers: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()  # calls share the cache and the buffers: one at a time
 
     @classmethod
     def load(
@@ -155,7 +157,7 @@ class HFPolicy(Policy):
         if not convs:
             return []
         seeds = conv_seeds(seed, len(convs))
-        with Timer(self.stats):
+        with self._lock, Timer(self.stats):
             self.stats.calls += 1
             prompts = [self.encode(c) for c in convs]
             out: list[list[Sample]] = [[] for _ in convs]
@@ -183,7 +185,7 @@ class HFPolicy(Policy):
             raise ValueError(f"score needs one continuation per conversation: {len(convs)} != {len(continuations)}")
         if not convs:
             return []
-        with Timer(self.stats):
+        with self._lock, Timer(self.stats):
             self.stats.calls += 1
             prompts = [self.encode(c) for c in convs]
             targets = []
@@ -499,7 +501,7 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float, draws: torch
     given uniform draws `[rows]` from softmax(logits / temperature) truncated to top-p."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1).double()
+    probs = torch.softmax(logits if temperature == 1.0 else logits / temperature, dim=-1).double()
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest set whose mass reaches top_p (the first token always stays).
