@@ -290,6 +290,15 @@ def test_extra_modules_are_imported_by_workers():
 
 
 def test_interrupted_call_many_leaves_no_stale_results():
+    # A shell's background job starts with SIGINT ignored: restore Python's handler for the test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_call_many()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_call_many():
     with Sandbox(workers=1, timeout_s=5.0) as sb:
         timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
         timer.start()
