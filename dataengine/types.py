@@ -1,4 +1,4 @@
-"""The core model shared by every part of the engine (DESIGN.md section 4).
+"""The core model shared by every part of the engine (ARCHITECTURE.md).
 
 Plain pydantic models: they validate task files and configs, and serialise to JSON for the
 store. Everything that search branches on is treated as immutable once built.

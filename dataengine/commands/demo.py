@@ -19,7 +19,7 @@ import typer
 # notool gives SmolLM2 some successes (so search finds pairs to train on); arithmetic shows the
 # tool-use failures the engine exists to fix.
 DEMO_SUITES = ["notool", "arithmetic"]
-# SmolLM2 on 2 CPU cores: about 35 generated tokens/s (FACTS.md). These sizes keep one round
+# SmolLM2 on 2 CPU cores: about 35 generated tokens/s (measured, no prefix reuse). These sizes keep one round
 # of search + DPO + two evaluations well inside 15 minutes.
 DEMO_SIZES: dict[str, Any] = {
     "num_tasks": 6,
