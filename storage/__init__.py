@@ -1,5 +1,5 @@
 """The trajectory store: Arrow schemas, Delta Lake tables of Parquet files, Polars queries,
-TRL exports and dedup. Imports nothing from dataengine/ (DESIGN.md section 3)."""
+TRL exports and dedup. Imports nothing from dataengine/ (ARCHITECTURE.md)."""
 
 from storage.errors import (
     CorruptFileError,
