@@ -86,9 +86,11 @@ class Attend:
         self.set_rows(scatter)
 
     def set_rows(self, scatter: Sequence[int]) -> None:
+        """Slot of each row: `scatter[i]` = group * slots + slot (P * slots: none)."""
         dev = self.suffix.device
-        self.scatter = torch.tensor(list(scatter), dtype=torch.long, device=dev)
-        self.gather = self.scatter.clamp(max=self.prefix.shape[2] * self.slots - 1) if self.prefix is not None else None
+        flat = torch.tensor(list(scatter), dtype=torch.long, device=dev)
+        self.group, self.slot = flat // self.slots, flat % self.slots  # writes (group P: nowhere)
+        self.group_in = self.group.clamp(max=max(0, self.prefix.shape[2] - 1)) if self.prefix is not None else None
 
     def suffix_bias(self, t: int, rep: int, blocks: int) -> torch.Tensor:
         """`[1, 1, rep * t, blocks * SUFFIX_BLOCK]`: query (head r, token i) sees suffix keys <= start + i."""
@@ -128,7 +130,11 @@ def blocked_attention(
 
     One max per query over all its keys, then exp, then sums block by block in key order: the
     result does not depend on how keys are split between the shared and group parts."""
-    at: Attend = kwargs["attend"]
+    at: Attend | None = kwargs.get("attend")
+    if at is None:
+        raise RuntimeError(
+            "blocked_attention ran without an Attend: the model was used elsewhere while an hf policy call had it switched on"
+        )
     layer = module.layer_idx
     n, heads, t, d = query.shape
     kvh = key.shape[1]
@@ -150,15 +156,13 @@ def blocked_attention(
 
         def rows(x: torch.Tensor) -> torch.Tensor:
             """`[p, kvh, g * r, ...]` by group slot -> `[n, kvh, r, ...]` by row."""
-            x = x.reshape(p, kvh, g, r, *x.shape[3:]).transpose(1, 2)
-            return x.reshape(p * g, kvh, r, *x.shape[4:]).index_select(0, at.gather)
+            return x.view(p, kvh, g, r, *x.shape[3:])[at.group_in, :, at.slot]
 
         def slots(x: torch.Tensor) -> torch.Tensor:
             """`[n, kvh, r, ...]` by row -> `[p, kvh, g * r, ...]` by group slot (empty slots zero)."""
-            flat = x.new_zeros((p * g + 1, *x.shape[1:]))
-            flat.index_copy_(0, at.scatter, x)
-            flat = flat[: p * g].view(p, g, kvh, r, *x.shape[3:]).transpose(1, 2)
-            return flat.reshape(p, kvh, g * r, *x.shape[3:])
+            grid = x.new_zeros((p + 1, kvh, g, r, *x.shape[3:]))
+            grid[at.group, :, at.slot] = x
+            return grid[:p].view(p, kvh, g * r, *x.shape[3:])
 
         if ws:
             scores_s = torch.matmul(q.transpose(0, 1).reshape(kvh, n * r, d), keys[0, :, :ws].transpose(-1, -2))
@@ -176,8 +180,8 @@ def blocked_attention(
             weights = scores_g.sub_(slots(top)[..., None]).exp_()
             sums, outs = _blocks(weights, values[:, :, ws:], ATTN_BLOCK)
             nb = sums.shape[-1]
-            outs = outs.view(p, kvh, nb, g, r, d).permute(0, 3, 1, 4, 2, 5).reshape(p * g, kvh, r, nb, d)
-            parts.append((rows(sums), outs.index_select(0, at.gather)))
+            outs = outs.view(p, kvh, nb, g, r, d)[at.group_in, :, :, at.slot]  # [n, kvh, nb, r, d]
+            parts.append((rows(sums), outs.transpose(2, 3)))
     weights = scores.sub_(top[..., None]).exp_()
     sums, outs = _blocks(weights, at.suffix[layer, 1, :, :, : nbs * SUFFIX_BLOCK], SUFFIX_BLOCK)
     parts.append((sums, outs.transpose(2, 3)))
