@@ -43,6 +43,7 @@ from dataengine.policy.base import (
 )
 from dataengine.policy.kv import (
     ATTN_BLOCK,
+    CACHE_BLOCK,
     ROW_MULTIPLE,
     SUFFIX_BLOCK,
     Attend,
@@ -100,6 +101,9 @@ class HFPolicy(Policy):
         self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.group_heads = config.num_attention_heads // self.kv_heads  # query heads per kv head
+        head = model.get_output_embeddings()
+        plain = isinstance(head, torch.nn.Linear) and head.bias is None
+        self.head_weight = head.weight if plain else None
         self._buffers: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()  # calls share the cache and the buffers: one at a time
 
@@ -215,11 +219,23 @@ class HFPolicy(Policy):
 
     # ---- forwards --------------------------------------------------------------------------
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attend: Attend, keep: int) -> torch.Tensor:
-        """Logits `[rows, keep, vocab]` of the last `keep` positions of `ids` `[rows, T]`."""
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """Final hidden states `[rows, T, hidden]` of `ids` `[rows, T]` at positions `pos`."""
         with blocked_attention_on(self.model):
-            out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep, attend=attend)
-        return out.logits
+            out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, attend=attend)
+        return out.last_hidden_state
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits `[m, vocab]` (float32) of hidden states `[m, hidden]`. The product always has at
+        least 12 rows, a multiple of 4 (batch-invariant, see kv), and runs as weight @ hidden^T,
+        which MKL streams faster than hidden @ weight^T for the vocabulary matrix."""
+        m = hidden.shape[0]
+        rows = max(12, round_up(m, ROW_MULTIPLE))
+        if rows > m:
+            hidden = torch.cat([hidden, hidden.new_zeros((rows - m, hidden.shape[1]))])
+        if self.head_weight is not None:
+            return torch.matmul(self.head_weight, hidden.T).T[:m].float()
+        return self.model.get_output_embeddings()(hidden)[:m].float()
 
     def _work(self, name: str, *shape: int) -> torch.Tensor:
         """A buffer of `shape` kept between calls (contents undefined): on CPU every fresh large
@@ -238,93 +254,128 @@ class HFPolicy(Policy):
         """Keys/values of each prompt head as one group: `[layers, 2, len(heads), kv_heads,
         nb * ATTN_BLOCK, head_dim]`, zeros past each head's end; the head lengths; the shared
         length (`Attend.shared`: whole ATTN_BLOCKs where all heads have the same tokens); and with
-        `logits`, the logits after each head `[len(heads), vocab]` (float32)."""
+        `logits`, the logits after each head `[len(heads), vocab]` (float32).
+
+        Cached blocks are copied in; the rest is encoded in waves, one forward per wave for all
+        heads (see `_encode`), each head up to the end of its ATTN_BLOCK chunk per wave. A head
+        whose next block another head of the wave is computing waits a wave and takes it from the
+        cache."""
         lengths = [len(h) for h in heads]
-        shared = min(lengths)
-        first_head = np.asarray(heads[0][:shared], dtype=np.int64)
-        for h in heads[1:]:
-            diff = np.flatnonzero(np.asarray(h[:shared], dtype=np.int64) != first_head[:shared])
-            shared = int(diff[0]) if diff.size else shared
+        shared = _common_prefix(heads, min(lengths))
         shared -= shared % ATTN_BLOCK
         width = round_up(max(lengths), ATTN_BLOCK)
         prefix = self._work("prefix", self.layers, 2, len(heads), self.kv_heads, width, self.head_dim)
-        after: list[torch.Tensor] = []
-        first: dict[tuple[int, ...], int] = {}
         # Without prefix_reuse blocks are still shared within the call.
         cache = self.cache if self.prefix_reuse else PrefixCache(sum(lengths))
+        first: dict[tuple[int, ...], int] = {}
+        todo: list[_Head] = []
         for g, head in enumerate(heads):
-            key = tuple(head)
-            if key in first:
-                prefix[:, :, g] = prefix[:, :, first[key]]
-                after.append(after[first[key]] if logits else None)  # type: ignore[arg-type]
-                continue
-            first[key] = g
-            after.append(self._head_kv(head, prefix[:, :, g : g + 1], cache, logits))  # type: ignore[arg-type]
+            if tuple(head) not in first:
+                first[tuple(head)] = g
+                todo.append(_Head(g, head))
+        after: dict[int, torch.Tensor] = {}
+        while todo:
+            wave, waiting = [], set()
+            for h in todo:
+                self._take_cached(h, prefix, cache)
+                if h.done == len(h.ids) and logits:
+                    last = cache.logits(h.keys[-1][2])
+                    if last is not None:
+                        after[h.slot] = last
+                    else:
+                        # Keys/values all cached but not the logits: the last position again (same numbers).
+                        h.done -= 1
+                        self.stats.cached_tokens -= 1
+                if h.done == len(h.ids):
+                    continue
+                block = h.keys[h.done // CACHE_BLOCK][2]
+                if block not in waiting:
+                    waiting.add(block)
+                    wave.append(h)
+            if wave:
+                for h, last in zip(wave, self._encode(wave, prefix, logits)):
+                    if last is not None:
+                        after[h.slot] = last
+                    self._put_computed(h, prefix, cache, logits, after.get(h.slot))
+            todo = [h for h in todo if h.done < len(h.ids) or (logits and h.slot not in after)]
+        for g, head in enumerate(heads):
+            source = first[tuple(head)]
+            if source != g:
+                prefix[:, :, g] = prefix[:, :, source]
             prefix[:, :, g, :, len(head) :] = 0
-        return prefix, lengths, shared, torch.stack(after) if logits else None
+        return prefix, lengths, shared, torch.stack([after[first[tuple(h)]] for h in heads]) if logits else None
 
-    def _head_kv(self, head: Sequence[int], out: torch.Tensor, cache: PrefixCache, logits: bool = False) -> torch.Tensor | None:
-        """Write the keys/values of the prompt tokens `head` into `out` `[layers, 2, 1, kv_heads,
-        >= len(head), head_dim]`: the blocks `cache` holds, then the rest in forwards of at most
-        one ATTN_BLOCK chunk each (see `_encode`); new blocks go into `cache`. With `logits`,
-        returns the logits after the last token `[vocab]` (cached with the last block)."""
-        keys = block_keys(head)
-        done, hits, before = 0, 0, b""
-        for start, end, digest in keys:
+    def _take_cached(self, h: _Head, prefix: torch.Tensor, cache: PrefixCache) -> None:
+        """Copy the cached blocks that continue head `h` into its slot and move `h.done` on."""
+        while h.hits < len(h.keys) and h.done == h.keys[h.hits][0]:
+            start, end, digest = h.keys[h.hits]
             kv = cache.get(digest)
             if kv is None:
-                break
-            out[:, :, 0, :, start:end] = kv
-            done, hits, before = end, hits + 1, digest
-        if hits < len(keys):
-            length, kv = cache.partial(before, head[done:])
-            if kv is not None:
-                out[:, :, 0, :, done : done + length] = kv
-                done += length
-        self.stats.cached_tokens += done
-        last = cache.logits(keys[-1][2]) if logits and hits == len(keys) else None
-        if logits and last is None and done == len(head):
-            # All keys/values cached but not the logits: the last position again (same numbers).
-            done -= 1
-            self.stats.cached_tokens -= 1
-        while done < len(head):
-            end = min(len(head), done - done % ATTN_BLOCK + ATTN_BLOCK)
-            last = self._encode(head[done:end], done, out, logits and end == len(head))
-            self.stats.prefill_tokens += end - done
-            done = end
-        before = keys[hits - 1][2] if hits else b""
-        for start, end, digest in keys[hits:]:
-            cache.put(digest, out[:, :, 0, :, start:end].clone(), before, head[start:end])
-            before = digest
-        if logits:
-            cache.set_logits(keys[-1][2], last)  # type: ignore[arg-type]
-        return last
+                length, kv = cache.partial(h.before, h.ids[start:])
+                if kv is not None and length > h.done - start:
+                    prefix[:, :, h.slot, :, start : start + length] = kv
+                    self.stats.cached_tokens += start + length - h.done
+                    h.done = start + length
+                return
+            prefix[:, :, h.slot, :, start:end] = kv
+            self.stats.cached_tokens += end - start
+            h.done, h.hits, h.before = end, h.hits + 1, digest
 
-    def _encode(self, tokens: Sequence[int], done: int, out: torch.Tensor, logits: bool = False) -> torch.Tensor | None:
-        """Write into `out` the keys/values of `tokens` at positions done.. (all in one ATTN_BLOCK
-        chunk), given positions [0, done) in `out`; with `logits`, return the logits after the
-        last token `[vocab]` (float32).
+    def _put_computed(self, h: _Head, prefix: torch.Tensor, cache: PrefixCache, logits: bool, last: torch.Tensor | None) -> None:
+        """Store the blocks of head `h` computed up to `h.done`, and the logits after the head."""
+        while h.hits < len(h.keys) and h.keys[h.hits][1] <= h.done:
+            start, end, digest = h.keys[h.hits]
+            cache.put(digest, prefix[:, :, h.slot, :, start:end].clone(), h.before, h.ids[start:end])
+            h.hits, h.before = h.hits + 1, digest
+        if logits and last is not None and h.done == len(h.ids):
+            cache.set_logits(h.keys[-1][2], last)
 
-        The chunk's earlier positions are suffix keys here and the chunks before are the prefix,
-        so every position is computed the same way whatever was cached: its own chunk in
-        SUFFIX_BLOCKs from the chunk start, earlier chunks in ATTN_BLOCKs."""
-        t = len(tokens)
-        rows = round_up(t, ROW_MULTIPLE)  # padding tokens come after the real ones (causal)
-        chunk = done - done % ATTN_BLOCK
-        off = done - chunk
-        suffix = self._work("block", self.layers, 2, 1, self.kv_heads, round_up(off + rows, SUFFIX_BLOCK), self.head_dim)
+    def _encode(self, wave: list[_Head], prefix: torch.Tensor, logits: bool) -> list[torch.Tensor | None]:
+        """One forward for the heads of `wave`: each head's tokens from `done` to the end of its
+        ATTN_BLOCK chunk (or of the head), written into its slot of `prefix`; `done` moves on.
+        Returns, per head, the logits after the head's last token when this wave reached it and
+        `logits` is asked, else None.
+
+        A position is computed the same way whatever was cached before and whatever other heads
+        share the wave: the chunks before its own chunk are prefix keys (ATTN_BLOCKs), its chunk's
+        earlier positions are suffix keys (SUFFIX_BLOCKs from the chunk start)."""
+        n = len(wave)
+        chunk = [h.done - h.done % ATTN_BLOCK for h in wave]
+        ends = [min(len(h.ids), c + ATTN_BLOCK) for h, c in zip(wave, chunk)]
+        off = [h.done - c for h, c in zip(wave, chunk)]
+        t = round_up(max(e - h.done for h, e in zip(wave, ends)), ROW_MULTIPLE)  # padding after real tokens
+        suffix = self._work("block", self.layers, 2, n, self.kv_heads, round_up(max(off) + t, SUFFIX_BLOCK), self.head_dim)
         suffix.zero_()
-        suffix[:, :, :, :, :off] = out[:, :, :, :, chunk:done]
+        width = max(chunk)
+        for i, (h, c) in enumerate(zip(wave, chunk)):
+            suffix[:, :, i, :, : off[i]] = prefix[:, :, h.slot, :, c : h.done]
+            prefix[:, :, h.slot, :, c:width] = 0  # this head's padding keys: masked, but must be finite
         attend = Attend(suffix, off)
-        if chunk:
-            attend.set_prefix(out[:, :, :, :, :chunk], [chunk], [0], shared=chunk)
-        ids = torch.tensor([list(tokens) + [self.end_turn_id] * (rows - t)], dtype=torch.long, device=self.device)
-        pos = torch.arange(done, done + rows, device=self.device)[None]
-        # Logits of the last ROW_MULTIPLE positions: always that many rows in the vocab product.
-        keep = ROW_MULTIPLE if logits else 1
-        got = self._forward(ids, pos, attend, keep=keep)
-        out[:, :, :, :, done : done + t] = suffix[:, :, :, :, off : off + t]
-        return got[0, keep - 1 - (rows - t)].float().clone() if logits else None
+        if width:
+            shared = _common_prefix([h.ids for h in wave], min(chunk))
+            lengths = [width] * prefix.shape[2]
+            for h, c in zip(wave, chunk):
+                lengths[h.slot] = c
+            attend.shared_from = wave[0].slot
+            attend.set_prefix(prefix[:, :, :, :, :width], lengths, [h.slot for h in wave], shared - shared % ATTN_BLOCK)
+        begin = [h.done for h in wave]
+        ids = torch.full((n, t), self.end_turn_id, dtype=torch.long, device=self.device)
+        for i, (h, e) in enumerate(zip(wave, ends)):
+            ids[i, : e - begin[i]] = torch.tensor(h.ids[begin[i] : e], device=self.device)
+        pos = torch.tensor(begin, device=self.device)[:, None] + torch.arange(t, device=self.device)
+        hidden = self._forward(ids, pos, attend)
+        for i, (h, c, e) in enumerate(zip(wave, chunk, ends)):
+            prefix[:, :, h.slot, :, c:e] = suffix[:, :, i, :, : e - c]
+            self.stats.prefill_tokens += e - begin[i]
+            h.done = e
+        out: list[torch.Tensor | None] = [None] * n
+        last = [i for i, h in enumerate(wave) if logits and h.done == len(h.ids)]
+        if last:
+            index = torch.tensor([ends[i] - begin[i] - 1 for i in last], device=self.device)
+            rows = self._logits(hidden[torch.tensor(last, device=self.device), index])
+            for i, row in zip(last, rows):
+                out[i] = row.clone()
+        return out
 
     def _score_chunk(self, prompts: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Log-prob of each target token after its prompt, in one forward; rows with the same
@@ -351,7 +402,8 @@ class HFPolicy(Policy):
         for b, (p, x) in enumerate(zip(prompts, targets)):
             ids[b, : len(x)] = torch.tensor([p[-1]] + x[:-1], device=self.device)
             pos[b] = torch.arange(len(p) - 1, len(p) - 1 + t, device=self.device)
-        logp = torch.log_softmax(self._forward(ids, pos, attend, keep=t).float(), dim=-1)
+        hidden = self._forward(ids, pos, attend)
+        logp = torch.log_softmax(self._logits(hidden.reshape(rows * t, -1)).view(rows, t, -1), dim=-1)
         return [
             logp[b, : len(x)].gather(-1, torch.tensor(x, device=self.device)[:, None])[:, 0].tolist()
             for b, x in enumerate(targets)
@@ -402,7 +454,7 @@ class HFPolicy(Policy):
                 logits = first.index_select(0, torch.tensor(group_of + [0] * (width - n), device=dev))  # type: ignore[union-attr]
             else:
                 attend.start = step - 1
-                logits = self._forward(tokens[:, None], pos[:, None], attend, keep=1)[:, -1].float()
+                logits = self._logits(self._forward(tokens[:, None], pos[:, None], attend)[:, -1])
                 pos = pos + 1
             logp = torch.log_softmax(logits, dim=-1)
             choice = _choose(logits, temperature, top_p, draws[torch.tensor(batch, device=dev), step])
@@ -470,6 +522,26 @@ class HFPolicy(Policy):
             body = ids[:-1] if reason == "stop" else ids
             text = self.tokenizer.decode(body, skip_special_tokens=False)
         return Sample(text, tuple(ids), tuple(lps), float(sum(lps)), len(ids), reason)  # type: ignore[arg-type]
+
+
+class _Head:
+    """A prompt head being filled: its slot, token ids, cache block keys, the positions done,
+    the blocks taken from or put into the cache (`hits`) and the digest ending them (`before`)."""
+
+    def __init__(self, slot: int, ids: Sequence[int]):
+        self.slot, self.ids = slot, list(ids)
+        self.keys = block_keys(self.ids)
+        self.done, self.hits, self.before = 0, 0, b""
+
+
+def _common_prefix(heads: Sequence[Sequence[int]], limit: int) -> int:
+    """Length of the common token prefix of `heads`, at most `limit`."""
+    first = np.asarray(heads[0][:limit], dtype=np.int64)
+    n = len(first)
+    for h in heads[1:]:
+        diff = np.flatnonzero(np.asarray(h[:n], dtype=np.int64) != first[:n])
+        n = int(diff[0]) if diff.size else min(n, len(h))
+    return n
 
 
 def _end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:

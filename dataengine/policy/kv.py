@@ -46,36 +46,45 @@ class Attend:
     """What `blocked_attention` reads and writes during one forward.
 
     prefix: `[layers, 2, P, kv_heads, nb * ATTN_BLOCK, head_dim]` keys/values of the P groups'
-        prefixes (zeros past each prefix's end), or None.
+        prefixes (finite, zeros or not, past each prefix's end), or None.
     lengths: `[P]` real prefix length of each group.
-    shared: the first `shared` positions (a multiple of ATTN_BLOCK) are the same in every group;
-        all rows attend to them in one product over group 0's copy.
+    shared: the first `shared` positions (a multiple of ATTN_BLOCK) are the same for every row's
+        group; all rows attend to them in one product over group `shared_from`'s copy.
     slots: query slots per group (G).
     scatter: `[n]` flat slot (group * G + slot) of each row; P * G for rows outside any group
         (padding rows, whose outputs are ignored).
     suffix: `[layers, 2, n, kv_heads, cap, head_dim]` each row's own keys/values (cap a multiple of
-        SUFFIX_BLOCK, zeros where unwritten); a forward of T tokens writes positions [start, start+T).
+        SUFFIX_BLOCK, zeros where unwritten); a forward of T tokens writes positions
+        [start, start + T) of every row, or [start[i], start[i] + T) of row i.
     """
 
     def __init__(
         self,
         suffix: torch.Tensor,
-        start: int = 0,
+        start: int | Sequence[int] = 0,
         prefix: torch.Tensor | None = None,
         lengths: Sequence[int] = (),
         slots: int = 1,
         scatter: Sequence[int] = (),
         shared: int = 0,
+        shared_from: int = 0,
     ):
-        self.suffix, self.start = suffix, start
-        self.prefix, self.slots, self.shared = None, slots, 0
+        self.suffix = suffix
+        self.start: int = 0
+        self.starts: torch.Tensor | None = None
+        if isinstance(start, int):
+            self.start = start
+        else:
+            self.starts = torch.tensor(list(start), dtype=torch.long, device=suffix.device)
+            self.start = int(self.starts.max())
+        self.prefix, self.slots, self.shared, self.shared_from = None, slots, 0, shared_from
         self._suffix_bias: tuple[tuple[int, int, int], torch.Tensor] | None = None
         if prefix is not None:
             self.set_prefix(prefix, lengths, scatter, shared)
 
     def set_prefix(self, prefix: torch.Tensor, lengths: Sequence[int], scatter: Sequence[int], shared: int = 0) -> None:
-        if shared % ATTN_BLOCK or shared > min(lengths):
-            raise ValueError(f"shared prefix {shared} must be a multiple of {ATTN_BLOCK} within every group")
+        if shared % ATTN_BLOCK or shared > prefix.shape[4]:
+            raise ValueError(f"shared prefix {shared} must be a multiple of {ATTN_BLOCK} within the prefix")
         dev = prefix.device
         self.prefix, self.shared = prefix, shared
         p, width = prefix.shape[2], prefix.shape[4]
@@ -92,15 +101,30 @@ class Attend:
         self.group, self.slot = flat // self.slots, flat % self.slots  # writes (group P: nowhere)
         self.group_in = self.group.clamp(max=max(0, self.prefix.shape[2] - 1)) if self.prefix is not None else None
 
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> int:
+        """Store `key`/`value` `[n, kv_heads, T, d]` in the suffix; returns the suffix keys to read."""
+        t = key.shape[2]
+        if self.starts is None:
+            self.suffix[layer, 0, :, :, self.start : self.start + t] = key
+            self.suffix[layer, 1, :, :, self.start : self.start + t] = value
+        else:
+            rows = torch.arange(key.shape[0], device=key.device)[:, None]
+            pos = self.starts[:, None] + torch.arange(t, device=key.device)[None, :]
+            self.suffix[layer, 0][rows, :, pos] = key.transpose(1, 2)
+            self.suffix[layer, 1][rows, :, pos] = value.transpose(1, 2)
+        return self.start + t
+
     def suffix_bias(self, t: int, rep: int, blocks: int) -> torch.Tensor:
-        """`[1, 1, rep * t, blocks * SUFFIX_BLOCK]`: query (head r, token i) sees suffix keys <= start + i."""
+        """`[1 or n, 1, rep * t, blocks * SUFFIX_BLOCK]`: query (head r, token i) of a row sees
+        the row's suffix keys <= its start + i."""
         shape = (self.start, t, rep)
         if self._suffix_bias is None or self._suffix_bias[0] != shape:
             dev = self.suffix.device
-            key = torch.arange(blocks * SUFFIX_BLOCK, device=dev)[None, :]
-            query = (self.start + torch.arange(t, device=dev)).repeat(rep)[:, None]
+            key = torch.arange(blocks * SUFFIX_BLOCK, device=dev)[None, None, :]
+            starts = self.starts[:, None, None] if self.starts is not None else self.start
+            query = starts + torch.arange(t, device=dev).repeat(rep)[None, :, None]
             zero = torch.zeros((), dtype=self.suffix.dtype, device=dev)
-            bias = torch.where(key > query, float("-inf"), zero)[None, None]
+            bias = torch.where(key > query, float("-inf"), zero)[:, None]
             self._suffix_bias = (shape, bias)
         return self._suffix_bias[1]
 
@@ -139,12 +163,10 @@ def blocked_attention(
     n, heads, t, d = query.shape
     kvh = key.shape[1]
     r = heads // kvh * t  # queries per kv head and row
-    s0 = at.start
-    at.suffix[layer, 0, :, :, s0 : s0 + t] = key
-    at.suffix[layer, 1, :, :, s0 : s0 + t] = value
+    used = at.write(layer, key, value)
     q = (query * (d**-0.5 if scaling is None else scaling)).reshape(n, kvh, r, d)
 
-    nbs = -(-(s0 + t) // SUFFIX_BLOCK)
+    nbs = -(-used // SUFFIX_BLOCK)
     scores = torch.matmul(q, at.suffix[layer, 0, :, :, : nbs * SUFFIX_BLOCK].transpose(-1, -2))
     scores += at.suffix_bias(t, heads // kvh, nbs)
     top = scores.amax(-1)  # [n, kvh, r]
@@ -165,7 +187,7 @@ def blocked_attention(
             return grid[:p].view(p, kvh, g * r, *x.shape[3:])
 
         if ws:
-            scores_s = torch.matmul(q.transpose(0, 1).reshape(kvh, n * r, d), keys[0, :, :ws].transpose(-1, -2))
+            scores_s = torch.matmul(q.transpose(0, 1).reshape(kvh, n * r, d), keys[at.shared_from, :, :ws].transpose(-1, -2))
             top = torch.maximum(top, scores_s.amax(-1).view(kvh, n, r).transpose(0, 1))
         if grouped:
             scores_g = torch.matmul(slots(q), keys[:, :, ws:].transpose(-1, -2))
@@ -173,7 +195,7 @@ def blocked_attention(
             top = torch.maximum(top, rows(scores_g.amax(-1)))
         if ws:
             weights = scores_s.sub_(top.transpose(0, 1).reshape(kvh, n * r)[..., None]).exp_()
-            sums, outs = _blocks(weights, values[0, :, :ws], ATTN_BLOCK)
+            sums, outs = _blocks(weights, values[at.shared_from, :, :ws], ATTN_BLOCK)
             nb = sums.shape[-1]
             parts.append((sums.view(kvh, n, r, nb).transpose(0, 1), outs.view(kvh, nb, n, r, d).permute(2, 0, 3, 1, 4)))
         if grouped:
