@@ -161,7 +161,7 @@ class HFPolicy(Policy):
         if not convs:
             return []
         seeds = conv_seeds(seed, len(convs))
-        with self._lock, Timer(self.stats):
+        with self._lock, Timer(self.stats), self._switched():
             self.stats.calls += 1
             prompts = [self.encode(c) for c in convs]
             out: list[list[Sample]] = [[] for _ in convs]
@@ -189,7 +189,7 @@ class HFPolicy(Policy):
             raise ValueError(f"score needs one continuation per conversation: {len(convs)} != {len(continuations)}")
         if not convs:
             return []
-        with self._lock, Timer(self.stats):
+        with self._lock, Timer(self.stats), self._switched():
             self.stats.calls += 1
             prompts = [self.encode(c) for c in convs]
             targets = []
@@ -219,10 +219,13 @@ class HFPolicy(Policy):
 
     # ---- forwards --------------------------------------------------------------------------
 
+    def _switched(self) -> Any:
+        """The model's forwards with `blocked_attention` (and, on CPU, weight-first linear layers)."""
+        return blocked_attention_on(self.model, weight_first=self.device.type == "cpu")
+
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, attend: Attend) -> torch.Tensor:
         """Final hidden states `[rows, T, hidden]` of `ids` `[rows, T]` at positions `pos`."""
-        with blocked_attention_on(self.model):
-            out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, attend=attend)
+        out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, attend=attend)
         return out.last_hidden_state
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

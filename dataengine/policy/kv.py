@@ -225,16 +225,53 @@ def _register() -> None:
 _register()
 
 
+LINEAR_ROWS = 16  # products as weight @ input^T get at least this many rows (a multiple of 4)
+
+
 @contextmanager
-def blocked_attention_on(model: Any) -> Iterator[None]:
-    """Run `model`'s forwards with `blocked_attention` inside the block (restored after)."""
+def blocked_attention_on(model: Any, weight_first: bool = False) -> Iterator[None]:
+    """Run `model`'s forwards with `blocked_attention` inside the block (restored after).
+
+    weight_first: also compute the base model's linear layers as weight @ input^T over at least
+    LINEAR_ROWS rows (`weight_first_linear`)."""
     config = model.config
     before = config._attn_implementation
+    patched: list[tuple[torch.nn.Module, Any]] = []
     config._attn_implementation = ATTENTION_NAME
     try:
+        if weight_first:
+            for module in model.base_model.modules():
+                if type(module) is torch.nn.Linear:
+                    patched.append((module, module.__dict__.get("forward")))
+                    module.forward = weight_first_linear(module)
         yield
     finally:
         config._attn_implementation = before
+        for module, forward in patched:
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
+
+
+def weight_first_linear(module: torch.nn.Linear) -> Any:
+    """`module`'s forward as weight @ input^T: on the MKL CPU build in use this streams the
+    weights faster than input @ weight^T for 16 rows and more (20-30% on 2 threads), and a row's
+    output is bitwise the same for any number of rows >= 12 and any position."""
+    weight, bias = module.weight, module.bias
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        m = flat.shape[0]
+        rows = max(LINEAR_ROWS, round_up(m, ROW_MULTIPLE))
+        if rows > m:
+            flat = torch.cat([flat, flat.new_zeros((rows - m, flat.shape[1]))])
+        out = torch.matmul(weight, flat.T).T[:m].contiguous()
+        if bias is not None:
+            out += bias
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+    return forward
 
 
 def check_supported(model: Any) -> None:
