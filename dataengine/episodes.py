@@ -97,7 +97,7 @@ class EpisodeRun:
     @property
     def tokens(self) -> int:
         """Generated tokens over the episode."""
-        return sum(s.num_tokens for s in self.samples)
+        return sum(s.generated_tokens for s in self.samples)
 
     @property
     def logprob(self) -> float:
@@ -199,5 +199,5 @@ def _texts(live: list[EpisodeRun], step: int, source: Sampler | Script, budget: 
         r.samples.append(row[0])
         texts.append(row[0].text)
         if budget is not None:
-            budget.charge(keys[r.index], row[0].num_tokens)
+            budget.charge(keys[r.index], row[0].generated_tokens)
     return texts

@@ -193,6 +193,9 @@ def test_stop_string_cuts_the_turn(policy):
     assert s.finish_reason == "stop_string"
     assert piece not in s.text and s.num_tokens <= 3
     assert s.token_ids == first.token_ids[: s.num_tokens]
+    # The token that completed the stop string was generated: budgets count it.
+    assert s.dropped_tokens >= 1 and s.generated_tokens == s.num_tokens + s.dropped_tokens
+    assert stopper.stats.generated_tokens == s.generated_tokens
     assert cut_at_stop("a <tool_response> b") == ("a ", True)
     assert cut_at_stop("plain") == ("plain", False)
 

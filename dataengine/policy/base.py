@@ -66,6 +66,8 @@ class Sample:
     num_tokens: len(token_ids).
     finish_reason: "stop" (end-of-turn token), "stop_string" (cut at a stop string) or
         "length" (hit max_new_tokens).
+    dropped_tokens: tokens sampled past a stop string and cut from the turn; they were generated,
+        so budgets count them (`generated_tokens`).
     """
 
     text: str
@@ -74,6 +76,12 @@ class Sample:
     logprob: float
     num_tokens: int
     finish_reason: FinishReason
+    dropped_tokens: int = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the policy generated for this turn: the kept ones plus any cut at a stop string."""
+        return self.num_tokens + self.dropped_tokens
 
     @property
     def mean_logprob(self) -> float:

@@ -513,6 +513,7 @@ class HFPolicy(Policy):
         return any(s in tail for s in self.stop_strings)
 
     def _finish(self, ids: list[int], lps: list[float], reason: str) -> Sample:
+        sampled = len(ids)
         if reason == "stop_string":
             text, _ = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=False), self.stop_strings)
             # Keep the tokens whose text lies wholly before the stop string.
@@ -524,7 +525,7 @@ class HFPolicy(Policy):
         else:
             body = ids[:-1] if reason == "stop" else ids
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-        return Sample(text, tuple(ids), tuple(lps), float(sum(lps)), len(ids), reason)  # type: ignore[arg-type]
+        return Sample(text, tuple(ids), tuple(lps), float(sum(lps)), len(ids), reason, sampled - len(ids))  # type: ignore[arg-type]
 
 
 class _Head:

@@ -155,7 +155,7 @@ class VLLMPolicy(Policy):
             self.stats.calls += 1
             self.stats.sequences += len(convs) * k
             self.stats.prefill_tokens += sum(len(p) for p in prompts)
-            self.stats.generated_tokens += sum(s.num_tokens for row in result for s in row)
+            self.stats.generated_tokens += sum(s.generated_tokens for row in result for s in row)
         return result
 
     def _to_sample(self, out: Any) -> Sample:

@@ -360,7 +360,7 @@ class LLMExpander:
                 seed=[widen_seed(self.seed, r) for r in rounds],
             )
             for (i, j, node, n, cap), r, row in zip(group, rounds, samples):
-                tokens = sum(s.num_tokens for s in row)
+                tokens = sum(s.generated_tokens for s in row)
                 self.budget.charge(node.tree, tokens)
                 self.counters.generated_tokens += tokens
                 before = len(node.edges)
@@ -436,7 +436,7 @@ class LLMExpander:
         )
         for node, row in zip(nodes, samples):
             node.edges = merge_samples(row, prior=self.prior)
-            tokens = sum(s.num_tokens for s in row)
+            tokens = sum(s.generated_tokens for s in row)
             self.budget.charge(node.tree, tokens)
             self.counters.generated_tokens += tokens
         if self.critic is not None:

@@ -143,7 +143,7 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
                     reward=node.reward,
                     success=bool(node.success),
                     verdicts=node.verdicts,
-                    generated_tokens=sum(table[x].edge.sample.num_tokens for x in path[1:]),  # type: ignore[union-attr]
+                    generated_tokens=sum(table[x].edge.sample.generated_tokens for x in path[1:]),  # type: ignore[union-attr]
                     model_id=model_id,
                     tree_id=tree_id,
                     node_ids=[index[x] for x in path],
