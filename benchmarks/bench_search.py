@@ -90,9 +90,11 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--suite", action="append", help="suite (repeat); default arithmetic, units, shop, chains")
     parser.add_argument("--tasks", type=int, default=32, help="train tasks per suite")
-    parser.add_argument("--budget", type=int, default=400, help="generated tokens per task, every method")
+    parser.add_argument("--budget", type=int, default=600, help="generated tokens per task, every method")
     parser.add_argument("--sims", type=int, default=64, help="MCTS simulations per tree (the budget usually ends first)")
-    parser.add_argument("--k", type=int, default=4, help="candidate actions per expansion; best-of-N wave size")
+    parser.add_argument("--k", type=int, default=2, help="candidate actions per expansion (widening adds more); best-of-N wave size")
+    parser.add_argument("--batch", type=int, default=32, help="trees (tasks) decoded together: more rows per forward")
+    parser.add_argument("--solved", default="continue", choices=["continue", "stop"], help="MCTS search.solved_policy")
     parser.add_argument("--algorithm", default="puct", choices=["puct", "uct", "gumbel"])
     parser.add_argument("--values", default="zero,rollout", help="MCTS leaf-value options to compare (comma-separated)")
     parser.add_argument("--value-model", help="fitted value head for the value_model option")
@@ -111,7 +113,8 @@ def main() -> None:
         None, seed=args.seed, shard_size=args.tasks, policy__model=args.model, policy__device="cpu",
         policy__temperature=args.temperature, policy__max_new_tokens=args.max_new_tokens,
         search__algorithm=args.algorithm, search__num_simulations=args.sims, search__num_actions=args.k,
-        search__max_generated_tokens=args.budget, search__trees_per_batch=min(args.tasks, 8),
+        search__max_generated_tokens=args.budget, search__trees_per_batch=min(args.tasks, args.batch),
+        search__solved_policy=args.solved,
         search__max_depth=args.max_depth, env__max_steps=args.max_depth, generate__n=10_000,
         generate__value_model=args.value_model,
     )
@@ -119,7 +122,7 @@ def main() -> None:
     policy = policy_from_config(base.policy)
     print(f"model {policy.model_id} loaded in {time.perf_counter() - started:.1f} s; suites {', '.join(suites)}, "
           f"{args.tasks} tasks each, {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, "
-          f"temperature {args.temperature}", flush=True)
+          f"solved trees {args.solved}, temperature {args.temperature}", flush=True)
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")

@@ -72,6 +72,11 @@ class SearchConfig(Section):
     )
     widen_c: float = Field(2.0, gt=0, description="c of the widening cap k(N) = ceil(c * N^alpha) candidates at a node of N visits")
     widen_alpha: float = Field(0.5, ge=0, le=1, description="alpha of the widening cap k(N) = ceil(c * N^alpha)")
+    widen_tool_call: bool = Field(
+        True,
+        description="a widening round at a node whose candidates are all replies without a tool call (task with tools) "
+        "samples after a forced '<tool_call>' tag, so the search tries acting where the policy only answers",
+    )
     max_actions: int = Field(
         16, ge=1, description="K_max: action slots per node when widening (never fewer than num_actions)"
     )

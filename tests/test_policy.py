@@ -200,6 +200,22 @@ def test_stop_string_cuts_the_turn(policy):
     assert cut_at_stop("plain") == ("plain", False)
 
 
+def test_forced_prefix_is_continued_and_scored(policy):
+    """A sample with a forced prefix starts with it; its token ids and log-probs begin with the
+    prefix's, as `score` gives them; the continuation equals sampling from prompt + prefix."""
+    prefix = "<tool_call>"
+    rows = policy.sample(convs()[:2], 2, max_new_tokens=5, seed=3, prefix=prefix)
+    scored = policy.score(convs()[:2], [prefix, prefix], end_turn=False)
+    for row, head in zip(rows, scored):
+        for s in row:
+            n = head.num_tokens
+            assert s.text.startswith(prefix) and s.token_ids[:n] == head.token_ids
+            assert s.logprobs[:n] == head.logprobs
+            assert s.num_tokens == len(s.token_ids) and abs(s.logprob - sum(s.logprobs)) < 1e-9
+    assert rows == policy.sample(convs()[:2], 2, max_new_tokens=5, seed=3, prefix=prefix)
+    assert rows != policy.sample(convs()[:2], 2, max_new_tokens=5, seed=3)
+
+
 def test_bad_arguments_are_clear_errors(policy):
     with pytest.raises(ValueError, match="k must be"):
         policy.sample(convs(), 0)

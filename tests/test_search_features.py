@@ -34,24 +34,27 @@ def call(name: str, a: int, b: int) -> str:
 
 
 class RulePolicy(Policy):
-    """Sample i of a conversation is `reply(conv, seed, i)` (TOKENS tokens, log-prob -1).
+    """Sample i of a conversation is `prefix + reply(conv, seed, i)` (TOKENS tokens, log-prob -1).
 
-    asked: every (messages, k) it was asked to sample, in order.
+    asked: every (messages, k) it was asked to sample, in order; prefixes: the forced prefix of each.
     """
 
-    def __init__(self, reply: Callable[[Conversation, int, int], str]):
-        self.reply = reply
+    def __init__(self, reply: Callable[..., str]):
+        # reply(conv, seed, i) or, for rules that read a forced prefix, reply(conv, seed, i, prefix).
+        self.reply = reply if reply.__code__.co_argcount == 4 else (lambda conv, seed, i, prefix: reply(conv, seed, i))
         self.model_id = "rules@0"
         self.stats = PolicyStats()
         self.asked: list[tuple[tuple, int]] = []
+        self.prefixes: list[str] = []
 
-    def sample(self, convs: Sequence[Conversation], k: int, *, seed=0, **kwargs) -> list[list[Sample]]:
+    def sample(self, convs: Sequence[Conversation], k: int, *, seed=0, prefix="", **kwargs) -> list[list[Sample]]:
         self.stats.calls += 1
         out = []
         for conv, s in zip(convs, conv_seeds(seed, len(convs))):
             self.asked.append((conv.messages, k))
+            self.prefixes.append(prefix)
             row = [
-                Sample(self.reply(conv, s, i), tuple(range(TOKENS)), (-1.0 / TOKENS,) * TOKENS, -1.0, TOKENS, "stop")
+                Sample(prefix + self.reply(conv, s, i, prefix), tuple(range(TOKENS)), (-1.0 / TOKENS,) * TOKENS, -1.0, TOKENS, "stop")
                 for i in range(k)
             ]
             self.stats.generated_tokens += TOKENS * k
@@ -131,8 +134,9 @@ def test_widening_adds_candidates_only_at_exhausted_nodes_within_the_cap(env, ti
         if r["parent_id"] is None:
             assert r["origin"] == "root" and r["widen_round"] is None
         else:
-            assert r["origin"] == ("widen" if r["widen_round"] > 0 else "expand")
-    assert {r["origin"] for r in nodes} == {"root", "expand", "widen"}
+            # the tiny model's replies hold no tool call, so some rounds are tool-call rounds
+            assert r["origin"] in (("widen", "widen_tool") if r["widen_round"] > 0 else ("expand",))
+    assert {"root", "expand"} < {r["origin"] for r in nodes} <= {"root", "expand", "widen", "widen_tool"}
 
     off = search_batch(tasks[:2], policy=tiny, env=env, reward=reward, config=config(search__num_simulations=12, search__widening=False), seed=0)
     assert all(not n.widen_rounds and len(n.edges) <= 2 for n in off.table.nodes)
@@ -143,7 +147,8 @@ def test_widening_adds_candidates_only_at_exhausted_nodes_within_the_cap(env, ti
 
 def test_widening_charges_its_samples_to_the_tree(env, tasks):
     policy = RulePolicy(lambda conv, seed, i: str(1000 + (seed * 7 + i) % 997))
-    cfg = config(search__num_simulations=10)
+    # (plain rounds only: a forced tool-call round's broken calls would be expanded too)
+    cfg = config(search__num_simulations=10, search__widen_tool_call=False)
     batch = search_batch(tasks[:1], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
     root = batch.table[0]
     assert root.widen_rounds
@@ -168,6 +173,44 @@ def test_no_widening_below_a_success(env, tasks):
     assert a.solved_below and batch_success(solved) and not a.widen_rounds
     failed, a = run("0")
     assert not a.solved_below and not batch_success(failed) and a.widen_rounds
+
+
+def test_tool_call_widening_opens_a_tool_call_where_every_candidate_answered(env, tasks):
+    """The policy only answers unless forced: every first candidate is a wrong bare answer, so the
+    root is exhausted without a tool call and its widening rounds are sampled after the forced
+    tag; the forced continuation is the right call, and the search then solves the task. With
+    widen_tool_call off, widening only repeats answers and the tree stays unsolved."""
+    task = tasks[1]  # What is 4628 * 289? (one multiply)
+    gold = task.gold.calls[0]
+    right = call(gold.name, gold.arguments["a"], gold.arguments["b"])[len("<tool_call>"):]
+
+    def reply(conv, seed, i, prefix):
+        if prefix:
+            return right
+        return task.gold.answer if turn(conv) == 1 else str(1000 + i)
+
+    def run(**overrides):
+        policy = RulePolicy(reply)
+        cfg = config(search__num_simulations=12, search__algorithm="puct", **overrides)
+        batch = search_batch([task], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        return batch, policy
+
+    batch, policy = run()
+    root = batch.table[0]
+    # The first round is forced; once the root holds a tool call its later rounds are plain.
+    assert root.widen_rounds[0].forced and not any(rd.forced for rd in root.widen_rounds[1:])
+    tool_edges = [e for e in root.edges if e.forced]
+    assert tool_edges and all(e.sample.text.startswith("<tool_call>") and e.action.tool_calls for e in tool_edges)
+    assert "<tool_call>" in policy.prefixes and batch_success(batch)
+    rows, _ = batch_rows(batch, policy.model_id)
+    assert "widen_tool" in {r["origin"] for r in rows}
+    # No prefix below the call: the child's candidates are the gold answer.
+    child = batch.table[root.children[root.edges.index(tool_edges[0])]]
+    assert not any(rd.forced for rd in child.widen_rounds)
+
+    off, policy = run(search__widen_tool_call=False)
+    assert not any(rd.forced for rd in off.table[0].widen_rounds) and set(policy.prefixes) == {""}
+    assert not batch_success(off)
 
 
 def batch_success(batch) -> bool:
@@ -331,7 +374,7 @@ def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
 @pytest.mark.parametrize(
     "field, value",
     [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
-     ("solved_policy", "stop")],
+     ("solved_policy", "stop"), ("widen_tool_call", False)],
 )
 def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
     base = EngineConfig()

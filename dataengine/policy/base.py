@@ -139,10 +139,14 @@ class Policy(ABC):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | Sequence[int] = 0,
+        prefix: str = "",
     ) -> list[list[Sample]]:
         """K samples for each conversation: `[len(convs)][k]`. Same seed and inputs, same samples.
 
         seed: one for the whole call, or one per conversation (`conv_seeds`).
+        prefix: text every sample must start with (e.g. the tool-call opening tag); the model
+            continues after it. The samples' text, token ids and log-probs include the prefix
+            (its log-probs are the model's, from `score`; see `join_prefix`).
         """
 
     @abstractmethod
@@ -163,6 +167,29 @@ def cut_at_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> tuple[str, bo
     """`text` cut before the first stop string, and whether one was found."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text, False) if cut < 0 else (text[:cut], True)
+
+
+def join_prefix(rows: list[list[Sample]], prefix: Sample | None) -> list[list[Sample]]:
+    """Samples generated after a forced `prefix` (scored: its token ids and the model's
+    log-probs of them) as whole turns starting with it. The prefix tokens count as generated
+    (`num_tokens`), so budgets charge for them."""
+    if prefix is None:
+        return rows
+    return [
+        [
+            Sample(
+                prefix.text + s.text,
+                prefix.token_ids + s.token_ids,
+                prefix.logprobs + s.logprobs,
+                prefix.logprob + s.logprob,
+                prefix.num_tokens + s.num_tokens,
+                s.finish_reason,
+                s.dropped_tokens,
+            )
+            for s in row
+        ]
+        for row in rows
+    ]
 
 
 def conv_seeds(seed: int | Sequence[int], n: int) -> list[int]:

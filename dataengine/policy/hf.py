@@ -40,6 +40,7 @@ from dataengine.policy.base import (
     check_sampling_args,
     conv_seeds,
     cut_at_stop,
+    join_prefix,
 )
 from dataengine.policy.kv import (
     ATTN_BLOCK,
@@ -156,14 +157,17 @@ class HFPolicy(Policy):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | Sequence[int] = 0,
+        prefix: str = "",
     ) -> list[list[Sample]]:
         check_sampling_args(k, max_new_tokens, temperature, top_p)
         if not convs:
             return []
         seeds = conv_seeds(seed, len(convs))
+        # A forced prefix is scored first (its log-probs), then continued from.
+        forced = self.score(convs, [prefix] * len(convs), end_turn=False) if prefix else None
         with self._lock, Timer(self.stats), self._switched():
             self.stats.calls += 1
-            prompts = [self.encode(c) for c in convs]
+            prompts = [self.encode(c) + (list(forced[i].token_ids) if forced else []) for i, c in enumerate(convs)]
             out: list[list[Sample]] = [[] for _ in convs]
             # Groups: (conversation, sample indices), at most `slots` samples each, whole groups
             # per decode batch.
@@ -181,7 +185,9 @@ class HFPolicy(Policy):
                         out[c].append(s)
                 batch = [group] if group is not None else []
             self.stats.sequences += len(convs) * k
-        return out
+        if forced is None:
+            return out
+        return [join_prefix([row], f)[0] for row, f in zip(out, forced)]
 
     @torch.inference_mode()
     def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:

@@ -31,6 +31,7 @@ from dataengine.policy.base import (
     check_sampling_args,
     conv_seeds,
     cut_at_stop,
+    join_prefix,
 )
 
 
@@ -125,17 +126,19 @@ class VLLMPolicy(Policy):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | Sequence[int] = 0,
+        prefix: str = "",
     ) -> list[list[Sample]]:
         check_sampling_args(k, max_new_tokens, temperature, top_p)
         if not convs:
             return []
+        forced = self.score(convs, [prefix] * len(convs), end_turn=False) if prefix else None
         # One seed per request: the caller's per-conversation seeds, or derived from the call's.
         if isinstance(seed, int):
             seeds = [(seed * 1_000_003 + i) % (2**31) for i in range(len(convs))]
         else:
             seeds = [s % (2**31) for s in conv_seeds(seed, len(convs))]
         with Timer(self.stats):
-            prompts = [self.encode(c) for c in convs]
+            prompts = [self.encode(c) + (list(forced[i].token_ids) if forced else []) for i, c in enumerate(convs)]
             params = [
                 self.sampling_params_cls(
                     n=k,
@@ -156,7 +159,9 @@ class VLLMPolicy(Policy):
             self.stats.sequences += len(convs) * k
             self.stats.prefill_tokens += sum(len(p) for p in prompts)
             self.stats.generated_tokens += sum(s.generated_tokens for row in result for s in row)
-        return result
+        if forced is None:
+            return result
+        return [join_prefix([row], f)[0] for row, f in zip(result, forced)]
 
     def _to_sample(self, out: Any) -> Sample:
         token_ids = list(out.token_ids)

@@ -15,6 +15,8 @@ Each call expands every selected leaf of every tree at once:
 Three batch-level features (docs/search.md has the rules):
 - progressive widening (`widen`, the core's WidenFn): an exhausted node (every candidate
   expanded, no success below it) samples fresh candidates up to the cap k(N) = ceil(c N^alpha);
+  where every candidate so far is a reply without a tool call, the fresh ones are sampled after
+  a forced `<tool_call>` tag (`widen_tool_call`): resampling there mostly repeats the replies;
 - transpositions: a node whose state equals an earlier node of its tree (`transposition_key`)
   reuses that node's value estimate instead of estimating again;
 - solved_policy "stop": a tree with a verified success stops (ExpandOutput.stop) and its
@@ -37,6 +39,7 @@ import torch
 import mcts
 from dataengine.config import PolicyConfig, SearchConfig
 from dataengine.env import EnvState, ToolEnv
+from dataengine.parsing import OPEN_TAG
 from dataengine.policy.base import Conversation, Policy
 from dataengine.search.budget import TokenBudget
 from dataengine.search.nodes import (
@@ -344,12 +347,13 @@ class LLMExpander:
             last = node.widen_rounds[-1].cap if node.widen_rounds else 0
             if len(node.edges) < cap and cap > last:
                 picks.append((i, j, node, n, cap))
-        groups: dict[int, list[tuple[int, int, SearchNode, int, int]]] = {}
+        groups: dict[tuple[int, str], list[tuple[int, int, SearchNode, int, int]]] = {}
         for pick in picks:
-            groups.setdefault(min(self.num_samples, pick[4] - len(pick[2].edges)), []).append(pick)
+            count = min(self.num_samples, pick[4] - len(pick[2].edges))
+            groups.setdefault((count, self._widen_prefix(pick[2])), []).append(pick)
         ranked: list[tuple[SearchNode, list]] = []
-        for count in sorted(groups):
-            group = groups[count]
+        for count, prefix in sorted(groups):
+            group = groups[count, prefix]
             rounds = [len(node.widen_rounds) + 1 for _, _, node, _, _ in group]
             samples = self.policy.sample(
                 [Conversation(node.state.messages, node.state.task.tools) for _, _, node, _, _ in group],
@@ -358,15 +362,16 @@ class LLMExpander:
                 temperature=self.sampling.temperature,
                 top_p=self.sampling.top_p,
                 seed=[widen_seed(self.seed, r) for r in rounds],
+                **({"prefix": prefix} if prefix else {}),
             )
             for (i, j, node, n, cap), r, row in zip(group, rounds, samples):
                 tokens = sum(s.generated_tokens for s in row)
                 self.budget.charge(node.tree, tokens)
                 self.counters.generated_tokens += tokens
                 before = len(node.edges)
-                added = add_samples(node.edges, row, cap=cap, round=r, prior=self.prior)
+                added = add_samples(node.edges, row, cap=cap, round=r, prior=self.prior, forced=bool(prefix))
                 node.widen_rounds.append(
-                    WidenRound(r, n, cap, len(node.children), before, len(node.edges), len(row))
+                    WidenRound(r, n, cap, len(node.children), before, len(node.edges), len(row), bool(prefix))
                 )
                 self.counters.widen_rounds += 1
                 self.counters.widened_edges += len(added)
@@ -384,6 +389,14 @@ class LLMExpander:
                 for edge, value in zip(added, score.scores):
                     edge.critic_score = value
         return mcts.WidenOutput(prior_logits=logits, widened=widened)
+
+    def _widen_prefix(self, node: SearchNode) -> str:
+        """The tool-call tag when every candidate so far is a reply without a tool call and the
+        task has tools (`widen_tool_call`): sampling again from the same state would mostly
+        repeat those replies, so the new candidates must open a tool call. Else no prefix."""
+        if not self.search.widen_tool_call or not node.state.task.tools:
+            return ""
+        return "" if any(OPEN_TAG in e.sample.text for e in node.edges) else OPEN_TAG
 
     # ------------------------------------------------------------------ transpositions, solved trees
 

@@ -33,6 +33,8 @@ class Edge:
         1 per sample for frequency priors).
     critic_score: Agent Q critic score in [0, 1] of this action, or None when no critic ran.
     round: widening round that added the edge (0: the node's first K samples).
+    forced: the edge came from a tool-call widening round (sampled after a forced tool-call
+        opening tag, `SearchConfig.widen_tool_call`).
     """
 
     action: Action
@@ -41,6 +43,7 @@ class Edge:
     mass: float
     critic_score: float | None = None
     round: int = 0
+    forced: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class WidenRound:
     bounded by the action slots. expanded: edges that had a child then (all of them: the node
     was exhausted). edges_before, edges_after: candidate edges before and after the round.
     samples: fresh samples drawn (cap - edges_before, at most num_actions).
+    forced: the samples were drawn after a forced tool-call opening tag.
     """
 
     round: int
@@ -60,6 +64,7 @@ class WidenRound:
     edges_before: int
     edges_after: int
     samples: int
+    forced: bool = False
 
 
 @dataclass
@@ -104,11 +109,14 @@ class SearchNode:
 
     @property
     def origin(self) -> str:
-        """What produced the node: "root", "expand" (an edge of the parent's first K samples)
-        or "widen" (an edge a widening round added at the parent)."""
+        """What produced the node: "root", "expand" (an edge of the parent's first K samples),
+        "widen" (an edge a widening round added at the parent) or "widen_tool" (one a tool-call
+        widening round added)."""
         if self.edge is None:
             return "root"
-        return "widen" if self.edge.round > 0 else "expand"
+        if self.edge.round == 0:
+            return "expand"
+        return "widen_tool" if self.edge.forced else "widen"
 
 
 class NodeTable:
@@ -160,7 +168,9 @@ def merge_samples(samples: Sequence[Sample], *, prior: PriorKind = "logprob") ->
     return list(edges.values())
 
 
-def add_samples(edges: list[Edge], samples: Sequence[Sample], *, cap: int, round: int, prior: PriorKind = "logprob") -> list[Edge]:
+def add_samples(
+    edges: list[Edge], samples: Sequence[Sample], *, cap: int, round: int, prior: PriorKind = "logprob", forced: bool = False
+) -> list[Edge]:
     """Merge a widening round's samples into a node's `edges` (in place); returns the new edges.
 
     A sample whose key equals an existing edge adds its count and prior mass to it; a new key
@@ -175,7 +185,7 @@ def add_samples(edges: list[Edge], samples: Sequence[Sample], *, cap: int, round
             by_key[key].count += edge.count
             by_key[key].mass += edge.mass
         elif len(edges) < cap:
-            edge.round = round
+            edge.round, edge.forced = round, forced
             edges.append(edge)
             by_key[key] = edge
             added.append(edge)
