@@ -579,6 +579,52 @@ def test_parallel_calls_of_one_reply_become_one_step(tool_env):
     assert episode.done
 
 
+def test_mid_episode_prompt_is_replayed_and_scored_as_one_episode(tool_env):
+    """GRPO from tree prefixes (issue 17.3): a prompt holding the task and the first tool call
+    with its result (a tree node's conversation, in TRL's form) is replayed through ToolEnv at
+    reset, the rollout's second call executes on that state, and the reward judges the whole
+    episode. A prompt whose recorded tool result the tools do not reproduce is refused."""
+    from dataengine.parsing import render_tool_calls
+    from dataengine.tools.registry import get_toolbox
+    from dataengine.train.environment import environment_class
+    from dataengine.train.grpo import verifier_reward
+    from dataengine.verifiers import CompositeReward
+    from storage.formats import chat_messages
+
+    task = next(t for t in generate_suite("arithmetic", 20, 0, seed=1) if len(t.gold.calls) == 2)
+    first, second = task.gold.calls
+    node = tool_env.step(tool_env.reset(task), render_tool_calls([first])).state
+    prompt = chat_messages([m.model_dump() for m in node.messages], "node")
+    assert [m["role"] for m in prompt][-2:] == ["assistant", "tool"]
+    cls = environment_class(get_toolbox(task.toolbox))
+    reward = verifier_reward(CompositeReward(replay=tool_env.replay))
+
+    def rollout(answer: str):
+        env = cls(tool_env)
+        env.reset(task_json=task.model_dump_json(), prompt=prompt)
+        assert env._prefix_steps == 1 and env._state.steps[0].results[0].status == "ok"
+        observation = getattr(env, second.name)(**second.arguments)  # TRL executes the rollout's call
+        assert not observation.startswith("Error"), observation
+        call = {"type": "function", "function": {"name": second.name, "arguments": second.arguments}}
+        completion = [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": observation},
+                      {"role": "assistant", "content": answer}]
+        return env, completion
+
+    (good_env, good), (bad_env, bad) = rollout(task.gold.answer), rollout("-1")
+    scores = reward(prompts=[prompt] * 2, completions=[good, bad], environments=[good_env, bad_env])
+    assert scores[0] >= 1.0 > scores[1]
+    episode = good_env._episode(task.gold.answer)
+    assert [c.name for c in episode.calls] == [first.name, second.name]
+
+    tampered = [dict(m) for m in prompt]
+    tampered[-1]["content"] = "999999"
+    with pytest.raises(ValueError, match="replaying step 1 gives tool turns"):
+        cls(tool_env).reset(task_json=task.model_dump_json(), prompt=tampered)
+    other = [{"role": "user", "content": "What is 1 + 1?"}] + prompt[1:]
+    with pytest.raises(ValueError, match="does not start with the task's messages"):
+        cls(tool_env).reset(task_json=task.model_dump_json(), prompt=other)
+
+
 def test_environment_refuses_a_task_of_another_toolbox(tool_env):
     from dataengine.tools.registry import get_toolbox
     from dataengine.train.environment import environment_class

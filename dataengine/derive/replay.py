@@ -31,15 +31,17 @@ def grpo_replay(
     high: float = 1.0,
     min_samples: int = MIN_SAMPLES,
     prefixes: bool = True,
-    same_state: bool = True,
+    same_state: bool = False,
     run_ids: list[str] | None = None,
 ) -> pl.LazyFrame:
     """Prompts with low < p_success < high (module docstring).
 
     tasks: the `tasks` table (needed: GRPO rebuilds the task from task_json to verify rollouts).
     nodes: the `nodes` table; with `prefixes`, non-root, non-terminal nodes become prompts too
-        (prompt = the node's conversation). same_state: only nodes whose tool state equals the
-        root's (env_hash), since a rollout restarts the tools from the task's initial state.
+        (prompt = the node's conversation; GRPO's environment replays its tool calls at reset, see
+        dataengine.train.environment, so a rollout continues from the node's tool state).
+        same_state: only nodes whose tool state equals the root's (env_hash); not needed for
+        our GRPO, kept for trainers that restart the tools from the task's initial state.
     Columns: the `replay` columns; prompt_id "task/<run>/<task>" or "node/<run>/<tree>/<node>".
     """
     if not 0.0 <= low < high <= 1.0:

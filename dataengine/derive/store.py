@@ -64,7 +64,8 @@ class DeriveOptions:
     margin, min_visits, critic_weight: step pairs (see step_pairs).
     pairs_per_task, pair_min_margin: trajectory pairs.
     sft_per_task, near_threshold: rejection-sampling SFT (near_threshold None: exact dedup only).
-    same_state: recovery splices and replay prefixes only where the tool state is unchanged.
+    same_state: recovery splices only where the tool state is unchanged (replay prefixes need no
+        such filter: GRPO replays a prefix's tool calls).
     replay_low, replay_high, replay_min_samples, replay_prefixes: GRPO replay.
     """
 
@@ -134,7 +135,7 @@ def _derive_frame(kind: str, sources: dict[str, pl.LazyFrame | None], options: D
     elif kind == "replay":
         frame = grpo_replay(trajs, tasks, nodes, low=o.replay_low, high=o.replay_high,
                             min_samples=o.replay_min_samples, prefixes=o.replay_prefixes,
-                            same_state=o.same_state, run_ids=run_ids).select(REPLAY_COLUMNS)
+                            run_ids=run_ids).select(REPLAY_COLUMNS)
     else:
         raise ValueError(f"unknown derived dataset {kind!r}; choose from {', '.join(KINDS)}")
     return frame.collect()

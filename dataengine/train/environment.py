@@ -47,9 +47,12 @@ class ToolEnvironment:
     def __init__(self, tool_env: Any) -> None:
         self._tool_env = tool_env
         self._state: Any = None
+        self._prefix_steps = 0  # steps replayed from a mid-episode prompt
 
-    def reset(self, task_json: str = "", **_: Any) -> None:
-        """Start the episode of the row's task (TRL passes the dataset row as keyword arguments)."""
+    def reset(self, task_json: str = "", prompt: Any = None, **_: Any) -> None:
+        """Start the episode of the row's task (TRL passes the dataset row as keyword arguments).
+        A prompt that goes on past the task's messages (a tree node's conversation: GRPO from
+        tree prefixes) is replayed first, so the rollout continues from that node's state."""
         if not task_json:
             raise ValueError("GRPO rows need a 'task_json' column (Task.model_dump_json()) for the environment")
         task = Task.model_validate_json(task_json)
@@ -58,6 +61,50 @@ class ToolEnvironment:
                 f"task {task.id} uses toolbox {task.toolbox!r} but was routed to the {self.toolbox_name!r} environment"
             )
         self._state = self._tool_env.reset(task)
+        self._prefix_steps = 0
+        if isinstance(prompt, (list, tuple)):
+            self._replay_prefix(task, list(prompt))
+
+    def _replay_prefix(self, task: Task, prompt: list[Any]) -> None:
+        """Run the prompt's assistant turns after the task's messages through ToolEnv again, in
+        order (the tools really execute), and check that each gives the tool turns the prompt
+        shows: a prompt whose recorded results the tools do not reproduce (another task, a
+        changed toolbox) is an error, not a silently different state."""
+        from storage.formats import DatasetFormatError, chat_message
+
+        where = f"task {task.id} prompt"
+        try:
+            messages = [chat_message(m, f"{where} message {i}") for i, m in enumerate(prompt)]
+        except DatasetFormatError as exc:
+            raise ValueError(str(exc)) from None
+        messages = [m for m in messages if m["role"] != "system"]
+        head = [m for m in task.messages if m.role != "system"]
+        if len(messages) <= len(head):
+            return  # the task's own prompt
+        if [(m["role"], m["content"]) for m in messages[: len(head)]] != [(m.role, m.content) for m in head]:
+            raise ValueError(f"{where} does not start with the task's messages")
+        rest, i = messages[len(head):], 0
+        while i < len(rest):
+            message = rest[i]
+            if message["role"] != "assistant":
+                raise ValueError(f"{where}: message {len(head) + i} is a {message['role']} turn where an assistant turn was expected")
+            if self._state.terminal:
+                raise ValueError(f"{where}: the episode ends before the prompt does (message {len(head) + i})")
+            outcome = self._tool_env.step(self._state, _assistant_text(message))
+            self._state = outcome.state
+            i += 1
+            shown = []
+            while i < len(rest) and rest[i]["role"] != "assistant":
+                shown.append(rest[i]["content"])
+                i += 1
+            replayed = [m.content for m in outcome.observations]
+            if shown != replayed:
+                raise ValueError(
+                    f"{where}: replaying step {self._prefix_steps + 1} gives tool turns {replayed!r}, the prompt shows {shown!r}"
+                )
+            self._prefix_steps += 1
+        if self._state.terminal:
+            raise ValueError(f"{where}: the prompt ends the episode; nothing is left to roll out")
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
         """Run one tool call as one ToolEnv step; the observation text is the tool turn."""
@@ -84,6 +131,16 @@ class ToolEnvironment:
         if final_text is not None and not state.done:
             state = self._tool_env.step(state, final_text).state
         return state.episode()
+
+
+def _assistant_text(message: dict[str, Any]) -> str:
+    """The raw text of a TRL-form assistant turn: its content, then its calls as markup."""
+    from dataengine.parsing import render_tool_calls
+
+    calls = [ToolCall(name=c["function"]["name"], arguments=c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    if not calls:
+        return message["content"]
+    return ((message["content"] + "\n") if message["content"] else "") + render_tool_calls(calls)
 
 
 def environment_class(toolbox: Toolbox) -> type:
@@ -191,8 +248,10 @@ def environment_factories(toolbox_names: list[str], tool_env: Any) -> dict[str, 
     return factories
 
 
-def regroup_turns(episode: Episode, completion: list[dict[str, Any]]) -> Episode:
+def regroup_turns(episode: Episode, completion: list[dict[str, Any]], skip: int = 0) -> Episode:
     """The episode with one step per assistant turn, as search records it.
+
+    skip: steps at the start that came from a replayed prompt prefix (kept as they are).
 
     The environment runs each tool call as its own ToolEnv step (TRL calls tools one at a time);
     this merges the calls of one assistant reply (parallel calls) back into one step and keeps the
@@ -202,12 +261,13 @@ def regroup_turns(episode: Episode, completion: list[dict[str, Any]]) -> Episode
     from dataengine.parsing import render_tool_calls
     from dataengine.types import Step
 
+    head, tail = episode.steps[:skip], episode.steps[skip:]
     turns = [m for m in completion if m.get("role") == "assistant" and m.get("tool_calls")]
-    call_steps = [step for step in episode.steps if step.action.tool_calls]
+    call_steps = [step for step in tail if step.action.tool_calls]
     sizes = [len(m["tool_calls"]) for m in turns]
     if sum(sizes) != len(call_steps) or not any(n > 1 or m.get("content") for n, m in zip(sizes, turns)):
         return episode
-    steps, position = [], 0
+    steps, position = list(head), 0
     for turn, size in zip(turns, sizes):
         group = call_steps[position : position + size]
         position += size
@@ -221,7 +281,7 @@ def regroup_turns(episode: Episode, completion: list[dict[str, Any]]) -> Episode
                 results=[r for step in group for r in step.results],
             )
         )
-    steps += [step for step in episode.steps if not step.action.tool_calls]
+    steps += [step for step in tail if not step.action.tool_calls]
     return episode.model_copy(update={"steps": steps})
 
 

@@ -41,7 +41,7 @@ def verifier_reward(composite: Any) -> Callable[..., list[float]]:
             raise RuntimeError("verifier_reward needs GRPOTrainer(environment_factory=...) environments")
         rewards, successes, calls = [], [], []
         for completion, environment in zip(completions, environments, strict=True):
-            episode = regroup_turns(environment._episode(final_reply(completion)), completion)
+            episode = regroup_turns(environment._episode(final_reply(completion)), completion, environment._prefix_steps)
             result = composite.score(episode)
             rewards.append(float(result.reward))
             successes.append(float(result.success))
