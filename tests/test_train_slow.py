@@ -40,7 +40,7 @@ def _prompt_row(task):
             "task_id": task.id, "task_json": task.model_dump_json()}
 
 
-def scripted_bias(task) -> list:
+def scripted_bias(task, skip: int = 0) -> list:
     """transformers `sequence_bias` that makes any model write the task's gold turns: each key is
     the turn's context (the end of the prompt, or the end of a tool turn) plus a prefix of the
     turn, with a bias growing with the prefix, so the longest matching prefix wins. It scripts
@@ -56,13 +56,33 @@ def scripted_bias(task) -> list:
     prompt = tok.apply_chat_template([m.to_chat() for m in task.messages], tools=tools, add_generation_prompt=True,
                                      tokenize=True, return_dict=False)
     after_tool = tok("\n</tool_response><|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-    turns = gold_turns(task)
+    turns = gold_turns(task)[skip:]  # skip: turns already in a mid-episode prompt
     contexts = [prompt[-12:]] + [after_tool] * (len(turns) - 1)
+    if skip:
+        # The prompt ends after a tool turn too: its own (longer) context must win the first turn.
+        prompt = tok.apply_chat_template(skip_prompt(task, skip), tools=tools, add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+        contexts[0] = prompt[-16:]
     bias = []
-    for context, text in zip(contexts, turns):
+    for n, (context, text) in enumerate(zip(contexts, turns)):
         ids = tok(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
-        bias += [[context + ids[:k], 50.0 + 10.0 * k] for k in range(1, len(ids) + 1)]
+        bias += [[context + ids[:k], (100.0 if n == 0 else 50.0) + 10.0 * k] for k in range(1, len(ids) + 1)]
     return bias
+
+
+def skip_prompt(task, skip: int) -> list:
+    """The TRL-form conversation after the task's first `skip` gold calls ran (a tree node's)."""
+    from dataengine.env import ToolEnv
+    from dataengine.parsing import render_tool_calls
+    from dataengine.tools.sandbox import Sandbox
+    from storage.formats import chat_messages
+
+    with Sandbox(workers=1) as sandbox:
+        tool_env = ToolEnv(sandbox, max_steps=6)
+        state = tool_env.reset(task)
+        for call in task.gold.calls[:skip]:
+            state = tool_env.step(state, render_tool_calls([call])).state
+    return chat_messages([m.model_dump() for m in state.messages], "node")
 
 
 def test_grpo_rollouts_execute_tools_and_are_scored_by_the_verifiers(tmp_path):
@@ -90,6 +110,32 @@ def test_grpo_rollouts_execute_tools_and_are_scored_by_the_verifiers(tmp_path):
     rows = store.models().collect().to_dicts()
     assert rows[0]["kind"] == "grpo" and json.loads(rows[0]["dataset_versions_json"]) == {"replay": store.version("replay")}
     load_model(info.path)
+
+
+def test_grpo_from_a_tree_prefix_continues_the_episode(tmp_path):
+    """GRPO from tree prefixes (issue 17.3): a replay row whose prompt is a mid-episode node (the
+    task's first tool call and its result) is replayed into ToolEnv, the rollouts make the second
+    call (executed in the sandbox) and answer, and the verifiers score the whole two-call episode."""
+    from dataengine.train.data import load_training_data
+    from dataengine.train.grpo import GRPOTrainConfig, train_grpo
+    from storage.store import Store
+
+    task = next(t for t in generate_suite("arithmetic", 20, 0, seed=1) if len(t.gold.calls) == 2)
+    store = Store(tmp_path / "store")
+    store.append("replay", [{"prompt_id": "node/r/t/1", "task_id": task.id, "suite": task.suite,
+                             "prompt_json": json.dumps(skip_prompt(task, 1)),
+                             "tools_json": "[]", "task_json": task.model_dump_json(), "p_success": 0.5}],
+                 run_id="r", shard_id="s")
+    config = GRPOTrainConfig(init="tiny", out_dir=str(tmp_path / "grpo"), max_steps=1, batch_size=4,
+                             num_generations=4, max_completion_length=96,
+                             generation_kwargs={"sequence_bias": scripted_bias(task, skip=1)})
+    info = train_grpo(config, load_training_data("prompt", store=store), store=store)
+    log = info.metrics["last_log"]
+    assert log["tools/call_frequency"] == pytest.approx(1.0)
+    assert log["tools/failure_frequency"] == pytest.approx(0.0)
+    # The verifiers judge the episode with both calls: the replayed one and the rollout's.
+    assert log["verifier/tool_calls_per_rollout"] == pytest.approx(2.0)
+    assert log["verifier/success_rate"] == pytest.approx(1.0)
 
 
 def test_lora_sft_checkpoint_is_merged_and_changed(tmp_path):
