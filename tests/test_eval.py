@@ -72,7 +72,7 @@ class GoldOrWrong(Policy):
         self.stats = PolicyStats()
         self.calls = 0
 
-    def sample(self, convs, k, *, max_new_tokens=128, temperature=1.0, top_p=1.0, seed=0):
+    def sample(self, convs, k, *, max_new_tokens=128, temperature=1.0, top_p=1.0, seed=0, prefix=""):
         out = []
         self.calls += 1
         seeds = conv_seeds(seed, len(convs))
@@ -83,7 +83,7 @@ class GoldOrWrong(Policy):
                 bad = question in self.wrong
             else:
                 bad = row_seed in self.odd
-            text = "0" if bad else self.turns[question][step]
+            text = prefix + ("0" if bad else self.turns[question][step])
             out.append([Sample(text, (1, 2), (-0.5, -0.5), -1.0, 2, "stop")] * k)
         return out
 
