@@ -245,11 +245,11 @@ def export_frame(
     # Committed shards only: a shard declared with a commit marker table (the store's
     # convention: tasks) whose marker has no rows of it is left out. The marker's version is
     # lineage too, so a rebuild judges the same shards committed.
-    marker_version = None
+    markers = {}
     for marker in sorted(store.manifest.declared(spec.table)):
         if store.has_table(marker):
-            marker_version = used[marker] = versions.get(marker, store.version(marker))
-    source = store.committed(spec.table, used[spec.table], marker_version=marker_version)
+            markers[marker] = used[marker] = versions.get(marker, store.version(marker))
+    source = store.committed(spec.table, used[spec.table], marker_versions=markers)
     source = filters.apply(source, spec.name).collect()
     rows = build_rows(spec.name, source, include_logprobs=include_logprobs)
     helper = [c for c in rows.columns if c.startswith("_")]

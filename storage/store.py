@@ -30,7 +30,7 @@ import random
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -504,11 +504,13 @@ class Store:
             raise CorruptFileError(problems[0].message(self.root))
 
     def scan(self, table: str, version: int | None = None, *, committed: bool = True,
-             marker_version: int | None = None) -> pl.LazyFrame:
+             marker_versions: Mapping[str, int] | None = None) -> pl.LazyFrame:
         """`table` as a Polars LazyFrame, at the latest or the given Delta `version`.
 
         committed: leave out shards declared with a marker table that has no rows of them
-        (read at `marker_version`, default latest); False reads every row.
+        (each marker table read at its version in `marker_versions`, default latest; a table's
+        shards may be declared with several markers, e.g. trajectories with tasks and evals);
+        False reads every row.
         """
         from storage.integrity import verify_files
 
@@ -519,19 +521,21 @@ class Store:
                 raise CorruptFileError(problems[0].message(self.root))
         frame = _with_spec_columns(pl.scan_delta(dt), table_spec(table))
         if committed:
-            pending = self.pending_shards(table, marker_version)
+            pending = self.pending_shards(table, marker_versions)
             if pending:
                 frame = frame.filter(~_key_filter(pending))
         return frame
 
-    def committed(self, table: str, version: int | None = None, *, marker_version: int | None = None) -> pl.LazyFrame:
+    def committed(self, table: str, version: int | None = None, *,
+                  marker_versions: Mapping[str, int] | None = None) -> pl.LazyFrame:
         """The rows of committed shards of `table` (what `scan` returns by default): use it
         where the intent should be explicit (derive, exports)."""
-        return self.scan(table, version, committed=True, marker_version=marker_version)
+        return self.scan(table, version, committed=True, marker_versions=marker_versions)
 
-    def pending_shards(self, table: str, marker_version: int | None = None) -> list[Key]:
+    def pending_shards(self, table: str, marker_versions: Mapping[str, int] | None = None) -> list[Key]:
         """Sorted (run_id, shard_id) shards of `table` declared with a marker table that has no
-        rows of them (at `marker_version`): written by a writer that did not finish the shard."""
+        rows of them (each marker at its version in `marker_versions`, default latest): written
+        by a writer that did not finish the shard."""
         declared = self.manifest.declared(table)
         pending: set[Key] = set()
         for marker, keys in declared.items():
@@ -540,7 +544,7 @@ class Store:
                 continue
             runs = sorted({r for r, _ in keys})
             have = (
-                self.scan(marker, marker_version, committed=False)
+                self.scan(marker, (marker_versions or {}).get(marker), committed=False)
                 .filter(pl.col("run_id").is_in(runs))
                 .select("run_id", "shard_id").unique()
             )
@@ -587,9 +591,9 @@ class Store:
         return repair(self, tables, dry_run=dry_run, adopt=adopt)
 
     def read(self, table: str, version: int | None = None, *, committed: bool = True,
-             marker_version: int | None = None) -> pl.LazyFrame:
+             marker_versions: Mapping[str, int] | None = None) -> pl.LazyFrame:
         """Same as `scan`: the table at a version, for exact rebuilds from recorded versions."""
-        return self.scan(table, version, committed=committed, marker_version=marker_version)
+        return self.scan(table, version, committed=committed, marker_versions=marker_versions)
 
     def empty(self, table: str) -> pl.LazyFrame:
         """An empty LazyFrame with `table`'s schema (for a table not written yet)."""
@@ -638,7 +642,7 @@ class Store:
         for name in self.tables():
             try:
                 ctx.register(name, self.scan(name, versions.get(name), committed=committed,
-                                             marker_version=versions.get("tasks")))
+                                             marker_versions=versions))
             except StoreError as exc:
                 broken[name] = str(exc)
         try:

@@ -349,3 +349,23 @@ def test_cli_damaged_or_missing_store_gives_one_line_errors(tmp_path):
                  ["store", "repair"]):
         result = runner.invoke(app, [*args, *missing])
         assert result.exit_code == 1 and "no store at" in one_line(result), args
+
+
+def test_each_marker_is_read_at_its_own_version(tmp_path):
+    """Trajectories written under two markers (generate shards: tasks; evaluation shards:
+    evals) whose tables are at different versions: derive and export read each marker at its
+    own version (`make demo` once failed here: the tasks version was used to open evals)."""
+    store = Store(tmp_path / "store")
+    write_shard(store, shard_output(0), RUN)
+    write_shard(store, shard_output(1), RUN)
+    store.append("trajectories", [{"task_id": "e0", "traj_id": "e0/0", "success": True}], run_id="eval", shard_id="e",
+                 marker="evals")
+    store.append("evals", [{"model_id": "m", "suite": "s", "metric": "greedy_success", "value": 1.0, "n": 1}],
+                 run_id="eval", shard_id="e")
+    assert store.version("tasks") > store.version("evals")
+    versions = {"tasks": store.version("tasks"), "evals": store.version("evals")}
+    rows = store.committed("trajectories", marker_versions=versions).collect()
+    assert {"t0", "t1", "e0"} <= set(rows["task_id"])
+    assert store.committed("trajectories", marker_versions={"tasks": 0}).collect().height < rows.height
+    results = {r.kind: r.rows for r in derive(store, run_ids=[RUN], options=OPTIONS)}
+    assert results["step-pairs"] == 4

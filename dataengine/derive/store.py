@@ -165,9 +165,11 @@ def derive(
     written = set(store.tables())
     versions = {t: store.version(t) for t in ("nodes", "trajectories", "tasks") if t in written}
 
+    markers = {"tasks": versions["tasks"]} if "tasks" in versions else None
+
     def scan(table: str) -> pl.LazyFrame:
         # Committed shards only, judged by the tasks marker at the version recorded as lineage.
-        return store.committed(table, versions[table], marker_version=versions.get("tasks"))
+        return store.committed(table, versions[table], marker_versions=markers)
 
     if run_ids and "trajectories" in versions:
         present = set(_run_ids(store, scan("trajectories"), ["trajectories"], versions))
@@ -176,7 +178,7 @@ def derive(
         missing = [r for r in run_ids if r not in present]
         if missing:
             pending = sorted({k for t in ("nodes", "trajectories") if t in versions
-                              for k in store.pending_shards(t, versions.get("tasks")) if k[0] in missing})
+                              for k in store.pending_shards(t, markers) if k[0] in missing})
             hint = (f"; {len(pending)} shard(s) of them were written without their tasks commit marker "
                     f"(e.g. run {pending[0][0]!r} shard {pending[0][1]!r}): rerun the generate run to complete them"
                     if pending else "")
