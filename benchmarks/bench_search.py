@@ -102,8 +102,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--max-depth", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--json", help="also write the results to this JSON file (after each suite)")
+    parser.add_argument("--report", metavar="JSON", help="only print the tables of earlier --json files (repeat)", action="append")
     args = parser.parse_args()
+    if args.report:
+        merged: dict = {}
+        for path in args.report:
+            saved = json.loads(Path(path).read_text())
+            merged.update(saved["results"])
+            methods = list(next(iter(saved["results"].values())))
+        report(merged, methods, argparse.Namespace(**{**saved["args"], "report": args.report}))
+        return
     suites = args.suite or ["arithmetic", "units", "shop", "chains"]
     if args.quick:
         args.model, args.tasks, args.budget, args.sims, suites = "tiny", 2, 60, 4, suites[:1]
@@ -148,9 +157,9 @@ def main() -> None:
                     print(f"  {suite:<10} {method:<13} {results[suite][method]['tokens']:>7} tokens "
                           f"{sum(r[0] for r in rows):>4} successes {sum(r[2] for r in rows):>3}/{len(rows)} solved "
                           f"{results[suite][method]['seconds']:>7.1f} s", flush=True)
+            if args.json:  # after each suite, so a stopped run keeps the suites it finished
+                Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     report(results, methods, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
 
 def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
@@ -173,7 +182,7 @@ def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
         for method in methods[2:]:
             rows = by_method[method]["rows"]
             parts = []
-            for column, name in ((0, "successes/Mtok"), (2, "solved/Mtok")):
+            for column, name in ((0, "successes/Mtok"), (1, "distinct/Mtok"), (2, "solved/Mtok")):
                 b = rate(bon, column)
                 ci = paired_ratio(rows, bon, column, args.seed)
                 shown = f"{rate(rows, column) / b:.2f}x" if b else "n/a (best-of-N found none)"
