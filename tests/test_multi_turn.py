@@ -406,13 +406,13 @@ class GoldTurnsPolicy(Policy):
         raise NotImplementedError("samples only")
 
 
-def _search_and_store(tmp_path, task: Task, policy, sims: int):
+def _search_and_store(tmp_path, task: Task, policy, sims: int, max_new_tokens: int = 8):
     from dataengine.config import load_config
     from dataengine.search.run import run_shard, write_shard
     from dataengine.stages import make_reward
     from storage import Store
 
-    cfg = load_config(None, policy__model="tiny", policy__device="cpu", policy__max_new_tokens=8,
+    cfg = load_config(None, policy__model="tiny", policy__device="cpu", policy__max_new_tokens=max_new_tokens,
                       search__num_simulations=sims, search__num_actions=2, search__value="zero", search__max_depth=12,
                       search__max_generated_tokens=100_000)
     with Sandbox(workers=1, timeout_s=30, cpu_s=30) as sandbox:
@@ -453,3 +453,23 @@ def test_tiny_model_search_on_a_bfcl_multi_turn_task_stores_per_turn_nodes(tmp_p
     nodes, _ = _search_and_store(tmp_path, task, make_policy("hf", "tiny"), sims=2)
     turns = nodes["turn"].to_list()
     assert nodes.height > 1 and None not in turns and len(set(turns)) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.external
+@pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
+def test_smollm2_search_on_a_bfcl_multi_turn_task_lands_in_the_store_per_turn(tmp_path):
+    """SmolLM2 end to end on a BFCL multi-turn task (issue 17): real sampling, tool calls executed
+    in the sandbox, every node stored with its user turn, every trajectory verified per turn."""
+    from dataengine.external import bfcl
+    from dataengine.policy import make_policy
+
+    task = bfcl.load_tasks("multi_turn_base", ids=["multi_turn_base_0"])[0]
+    policy = make_policy("hf", "smollm2")
+    nodes, trajs = _search_and_store(tmp_path, task, policy, sims=4, max_new_tokens=48)
+    turns = nodes["turn"].to_list()
+    assert nodes.height > 1 and None not in turns
+    assert trajs.height >= 1 and trajs["success"].null_count() == 0
+    assert set(trajs["turn"].to_list()) <= set(range(task.num_turns))
+    verdicts = [v["name"] for row in trajs["verdicts"].to_list() for v in row]
+    assert "multi_turn" in verdicts
