@@ -169,26 +169,36 @@ def cut_at_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> tuple[str, bo
     return (text, False) if cut < 0 else (text[:cut], True)
 
 
-def join_prefix(rows: list[list[Sample]], prefix: Sample | None) -> list[list[Sample]]:
-    """Samples generated after a forced `prefix` (scored: its token ids and the model's
-    log-probs of them) as whole turns starting with it. The prefix tokens count as generated
-    (`num_tokens`), so budgets charge for them."""
-    if prefix is None:
+def score_prefix(policy: Policy, convs: Sequence[Conversation], prefix: str) -> list[Sample] | None:
+    """The forced `prefix` of a `sample` call scored after each conversation (its token ids and
+    the model's log-probs of them), or None without a prefix."""
+    return policy.score(convs, [prefix] * len(convs), end_turn=False) if prefix else None
+
+
+def with_prefix(prompts: list[list[int]], forced: list[Sample] | None) -> list[list[int]]:
+    """Prompt token ids with each conversation's forced prefix appended (generation continues it)."""
+    return prompts if forced is None else [p + list(f.token_ids) for p, f in zip(prompts, forced)]
+
+
+def join_prefix(rows: list[list[Sample]], forced: list[Sample] | None) -> list[list[Sample]]:
+    """Samples generated after each conversation's forced prefix as whole turns starting with
+    it. The prefix tokens count as generated (`num_tokens`), so budgets charge for them."""
+    if forced is None:
         return rows
     return [
         [
             Sample(
-                prefix.text + s.text,
-                prefix.token_ids + s.token_ids,
-                prefix.logprobs + s.logprobs,
-                prefix.logprob + s.logprob,
-                prefix.num_tokens + s.num_tokens,
+                f.text + s.text,
+                f.token_ids + s.token_ids,
+                f.logprobs + s.logprobs,
+                f.logprob + s.logprob,
+                f.num_tokens + s.num_tokens,
                 s.finish_reason,
                 s.dropped_tokens,
             )
             for s in row
         ]
-        for row in rows
+        for row, f in zip(rows, forced)
     ]
 
 

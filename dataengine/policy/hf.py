@@ -41,6 +41,8 @@ from dataengine.policy.base import (
     conv_seeds,
     cut_at_stop,
     join_prefix,
+    score_prefix,
+    with_prefix,
 )
 from dataengine.policy.kv import (
     ATTN_BLOCK,
@@ -163,11 +165,10 @@ class HFPolicy(Policy):
         if not convs:
             return []
         seeds = conv_seeds(seed, len(convs))
-        # A forced prefix is scored first (its log-probs), then continued from.
-        forced = self.score(convs, [prefix] * len(convs), end_turn=False) if prefix else None
+        forced = score_prefix(self, convs, prefix)  # scored first (its log-probs), then continued from
         with self._lock, Timer(self.stats), self._switched():
             self.stats.calls += 1
-            prompts = [self.encode(c) + (list(forced[i].token_ids) if forced else []) for i, c in enumerate(convs)]
+            prompts = with_prefix([self.encode(c) for c in convs], forced)
             out: list[list[Sample]] = [[] for _ in convs]
             # Groups: (conversation, sample indices), at most `slots` samples each, whole groups
             # per decode batch.
@@ -185,9 +186,7 @@ class HFPolicy(Policy):
                         out[c].append(s)
                 batch = [group] if group is not None else []
             self.stats.sequences += len(convs) * k
-        if forced is None:
-            return out
-        return [join_prefix([row], f)[0] for row, f in zip(out, forced)]
+        return join_prefix(out, forced)
 
     @torch.inference_mode()
     def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:

@@ -32,6 +32,8 @@ from dataengine.policy.base import (
     conv_seeds,
     cut_at_stop,
     join_prefix,
+    score_prefix,
+    with_prefix,
 )
 
 
@@ -131,14 +133,14 @@ class VLLMPolicy(Policy):
         check_sampling_args(k, max_new_tokens, temperature, top_p)
         if not convs:
             return []
-        forced = self.score(convs, [prefix] * len(convs), end_turn=False) if prefix else None
+        forced = score_prefix(self, convs, prefix)  # scored first (its log-probs), then continued from
         # One seed per request: the caller's per-conversation seeds, or derived from the call's.
         if isinstance(seed, int):
             seeds = [(seed * 1_000_003 + i) % (2**31) for i in range(len(convs))]
         else:
             seeds = [s % (2**31) for s in conv_seeds(seed, len(convs))]
         with Timer(self.stats):
-            prompts = [self.encode(c) + (list(forced[i].token_ids) if forced else []) for i, c in enumerate(convs)]
+            prompts = with_prefix([self.encode(c) for c in convs], forced)
             params = [
                 self.sampling_params_cls(
                     n=k,
@@ -159,9 +161,7 @@ class VLLMPolicy(Policy):
             self.stats.sequences += len(convs) * k
             self.stats.prefill_tokens += sum(len(p) for p in prompts)
             self.stats.generated_tokens += sum(s.generated_tokens for row in result for s in row)
-        if forced is None:
-            return result
-        return [join_prefix([row], f)[0] for row, f in zip(result, forced)]
+        return join_prefix(result, forced)
 
     def _to_sample(self, out: Any) -> Sample:
         token_ids = list(out.token_ids)

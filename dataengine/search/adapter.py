@@ -362,7 +362,7 @@ class LLMExpander:
                 temperature=self.sampling.temperature,
                 top_p=self.sampling.top_p,
                 seed=[widen_seed(self.seed, r) for r in rounds],
-                **({"prefix": prefix} if prefix else {}),
+                prefix=prefix,
             )
             for (i, j, node, n, cap), r, row in zip(group, rounds, samples):
                 tokens = sum(s.generated_tokens for s in row)

@@ -135,12 +135,12 @@ class ToolEnvironment:
 
 def _assistant_text(message: dict[str, Any]) -> str:
     """The raw text of a TRL-form assistant turn: its content, then its calls as markup."""
-    from dataengine.parsing import render_tool_calls
+    from dataengine.parsing import render_action
 
     calls = [ToolCall(name=c["function"]["name"], arguments=c["function"]["arguments"]) for c in message.get("tool_calls") or []]
     if not calls:
         return message["content"]
-    return ((message["content"] + "\n") if message["content"] else "") + render_tool_calls(calls)
+    return render_action(Action(text="", thought=message["content"] or None, tool_calls=calls))
 
 
 def environment_class(toolbox: Toolbox) -> type:
