@@ -20,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
 from dataengine.config import EngineConfig, Section
+from dataengine.stages.resources import release_policies
 from dataengine.stages.train import DATASET
 from flows.derived import DERIVED, derive_flow, export_flow
 from flows.evaluate import evaluate_flow
@@ -172,6 +173,8 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
         exported = journal.run(f"r{r}/export", timed(lambda: export_flow(
             store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run])))["result"]
         checkpoints = []
+        # The search policy is reloaded from the new checkpoint anyway; training needs its memory.
+        release_policies()
         for kind in config.trainers:
             data = exported.get(DATASET[kind][1], {})
             if not data.get("rows"):

@@ -646,3 +646,42 @@ def test_cli_lists_the_train_commands():
         assert name in result.output
     result = CliRunner().invoke(app, ["train", "dpo", "--out", "x", "--init", "tiny"])
     assert result.exit_code != 0 and "--data" in result.output
+
+
+# ---- TRL's fused LM head on CPU ------------------------------------------------------------
+
+
+def test_cpu_fused_head_scores_labelled_positions_only_with_the_same_log_probs(monkeypatch):
+    """fit_fused_head_to_cpu makes TRL score only labelled positions, in small tiles; the
+    log-probs equal a plain log_softmax over the model's logits."""
+    import torch
+    from trl.kernels import chunked_logprob
+    from trl.trainer.utils import add_fused_lm_head
+
+    from dataengine.models import load_model
+    from dataengine.train.base import CPU_LOGPROB_TILE, fit_fused_head_to_cpu
+
+    model, _ = load_model("tiny")
+    ids = torch.randint(0, model.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:, :25] = -100  # a prompt
+    labels[1, 30:] = -100  # padding
+    with torch.no_grad():
+        expected = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    expected = expected.masked_fill(labels[:, 1:] == -100, 0)
+
+    scored = []
+    real_apply = chunked_logprob.ChunkedLogProbFunction.apply
+
+    def counting_apply(hidden, *args):
+        scored.append(hidden.shape[0])
+        return real_apply(hidden, *args)
+
+    fit_fused_head_to_cpu("cpu")
+    assert chunked_logprob.TOKEN_CHUNK_SIZE == CPU_LOGPROB_TILE
+    add_fused_lm_head(model)
+    monkeypatch.setattr(chunked_logprob.ChunkedLogProbFunction, "apply", counting_apply)
+    with torch.no_grad():
+        got = model(ids, labels=labels, fused_lm_head=True).log_probs
+    assert scored == [int((labels[:, 1:] != -100).sum())]  # 15 + 5 + 15, not 3 x 39
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -10,12 +10,14 @@ worker, as on a GPU). The CLI and the flows both go through these two, never aro
 from __future__ import annotations
 
 import atexit
+import gc
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from dataengine import heap
 from dataengine.config import EngineConfig
 
 
@@ -132,6 +134,15 @@ def shared_resources(config: EngineConfig, toolboxes: Sequence[str], *, policy: 
         env = ToolEnv(_sandboxes[sandbox_key], max_steps=config.env.max_steps)
         model = _policies.get(policy_key)
     return Resources(config, env, make_reward(config, env), open_store(config.store), _policy=model)
+
+
+def release_policies() -> None:
+    """Drop the kept policies (their model weights and caches), keeping the sandboxes: a pipeline
+    frees them before training, whose model, optimizer and gradients need the memory."""
+    with _lock:
+        _policies.clear()
+    gc.collect()
+    heap.trim()
 
 
 def release_resources() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dataengine import heap
 from dataengine.config import TrainConfig
 from dataengine.train.progress import bar_wanted
 
@@ -50,6 +51,51 @@ def trl_kwargs(config: TrainConfig) -> dict[str, Any]:
         # The step bar on a terminal; elsewhere dataengine.train.progress prints timed lines.
         disable_tqdm=not bar_wanted(),
     )
+
+
+# Tokens per projection tile of TRL's fused LM head on a device without Triton (CPU).
+CPU_LOGPROB_TILE = 256
+
+
+def fit_fused_head_to_cpu(device: str) -> None:
+    """Bound the memory of TRL's fused LM head (every trainer scores tokens through it) on CPU.
+
+    Without Triton, TRL scores every position of the batch, padding and prompt included, in tiles
+    of 4,096 tokens x 32,768 vocabulary entries, and each torch op on a tile makes a full-size
+    temporary: 4 sequences of 1,024 tokens took ~4.5 GB beside SmolLM2's 135M parameters. On CPU
+    we score only the positions with a label (what TRL does on CUDA, same values) in tiles of
+    CPU_LOGPROB_TILE tokens. A TRL without these module names is left as it is.
+    """
+    if device != "cpu":
+        return
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils
+
+    if hasattr(chunked_logprob, "TOKEN_CHUNK_SIZE"):
+        chunked_logprob.TOKEN_CHUNK_SIZE = CPU_LOGPROB_TILE
+    original = getattr(utils, "_use_triton", None)
+    if original is not None and not getattr(original, "dataengine_cpu", False):
+        # Decides only whether unlabelled positions are dropped before scoring; the tiles are
+        # still folded in torch (chunked_logprob keeps its own device check).
+        def compact(dev: Any) -> bool:
+            return dev.type == "cpu" or original(dev)
+
+        compact.dataengine_cpu = True  # type: ignore[attr-defined]
+        utils._use_triton = compact
+
+
+def load_for_training(config: TrainConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) of config.init on its device, in train mode; on CPU with TRL's fused LM
+    head bounded (fit_fused_head_to_cpu) and large blocks freed at once (dataengine.heap)."""
+    from dataengine.models import load_model
+
+    device = model_device(config)
+    if device == "cpu":
+        heap.map_large_blocks()
+    model, tokenizer = load_model(config.init, device=device)
+    model.train()
+    fit_fused_head_to_cpu(device)
+    return model, tokenizer
 
 
 def peft_config(config: TrainConfig) -> Any:

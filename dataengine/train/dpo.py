@@ -17,7 +17,7 @@ from typing import Any
 
 from dataengine.config import DPOTrainConfig
 from dataengine.models import weights_fingerprint
-from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.train.base import load_for_training, model_device, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.progress import attach_progress
@@ -75,8 +75,7 @@ def build_dpo_trainer(config: DPOTrainConfig, data: TrainingData, store: Any = N
     rows = [{k: v for k, v in r.items() if k not in REF_COLUMNS} for r in data.rows]
     from datasets import Dataset
 
-    model, tokenizer = load_model(config.init, device=model_device(config))
-    model.train()
+    model, tokenizer = load_for_training(config)
     args = DPOConfig(
         **trl_kwargs(config),
         beta=config.beta,

@@ -23,7 +23,7 @@ from typing import Any
 
 from dataengine.config import GRPOTrainConfig
 from dataengine.models import weights_fingerprint
-from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.train.base import load_for_training, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.environment import environment_factories, final_reply, regroup_turns
@@ -75,11 +75,9 @@ def build_grpo_trainer(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from dataengine.models import load_model
 
     rows, toolboxes = _with_environment_column(data.rows)
-    model, tokenizer = load_model(config.init, device=model_device(config))
-    model.train()
+    model, tokenizer = load_for_training(config)
     # GRPOTrainer generates from left-padded prompts; train_grpo restores the side before saving.
     tokenizer._dataengine_padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"

@@ -13,7 +13,7 @@ from typing import Any
 
 from dataengine.config import SFTTrainConfig
 from dataengine.models import weights_fingerprint
-from dataengine.train.base import model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.train.base import load_for_training, peft_config, train_metrics, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.progress import attach_progress
@@ -27,10 +27,8 @@ def build_sft_trainer(config: SFTTrainConfig, data: TrainingData) -> tuple[Any, 
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from dataengine.models import load_model
 
-    model, tokenizer = load_model(config.init, device=model_device(config))
-    model.train()
+    model, tokenizer = load_for_training(config)
     args = SFTConfig(
         **trl_kwargs(config),
         assistant_only_loss=config.assistant_only_loss,
