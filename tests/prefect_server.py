@@ -40,6 +40,13 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> No
     raise TimeoutError(f"prefect server at {url} not healthy after {timeout} s")
 
 
+def default_sigint() -> None:
+    """preexec_fn: the child handles SIGINT even when this process ignores it (a library loaded
+    by an earlier test can set SIG_IGN, which children inherit; Python then installs no
+    KeyboardInterrupt handler and stop_group's SIGINT does nothing)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     """SIGINT the process group started with start_new_session (a Prefect worker ignores a lone
     SIGTERM while a run is in flight), then SIGKILL it after `timeout` s."""

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
-from prefect_server import BIN, ROOT, prefect_server, stop_group, tiny_config
+from prefect_server import BIN, ROOT, default_sigint, prefect_server, stop_group, tiny_config
 
 NAME = "every-minute"
 REGISTER_S = 120  # the serving process imports torch and the flow before it registers
@@ -161,7 +161,8 @@ def test_cron_schedule_fires_a_run_the_scheduler_made(server, tmp_path):
     with open(serve_log, "w") as log:
         serving = subprocess.Popen([str(BIN / "dataengine"), "schedule", "generate", "--name", name,
                                     "--cron", "* * * * *", "--config", str(tiny_yaml(tmp_path))],
-                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=default_sigint)
     try:
         done = scheduled_run_completes(name, serving, log_tails(server, serve_log))
         listed = CliRunner().invoke(app, ["schedule", "list"], env={"COLUMNS": "80"})
@@ -201,7 +202,7 @@ def test_cron_schedule_on_a_work_pool_runs_in_a_worker(server, tmp_path):
     env = {**server["env"], "PREFECT_WORKER_QUERY_SECONDS": "2"}
     with open(worker_log, "w") as log:
         worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool], cwd=tmp_path, env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint)
     try:
         done = scheduled_run_completes(name, worker, log_tails(server, worker_log))
         schedule.pause_schedule(name)
