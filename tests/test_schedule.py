@@ -126,23 +126,6 @@ def scheduled_run_completes(name: str, alive: subprocess.Popen, logs) -> object:
     return done
 
 
-def between_runs(name: str, alive: subprocess.Popen, logs) -> None:
-    """Wait until no run of generate/`name` is pending or running and the next minute's run is
-    at least 20 s away: a serving process stopped in the middle of a run may not get to pause
-    its schedule before stop_group's SIGKILL (a busy machine, once)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
-
-    def quiet() -> bool:
-        if not 5 <= datetime.now(UTC).second <= 40:
-            return False
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])))
-        return not any(r.state.is_pending() or r.state.is_running() for r in runs)
-
-    wait_for(f"a moment with no run of generate/{name} in flight", RUN_S, quiet, alive=alive, logs=logs)
-
-
 def slot_run_id(name: str, run) -> str:
     return f"schedule/{name}/{run.expected_start_time.astimezone(UTC):%Y%m%dT%H%M}"
 
@@ -170,7 +153,6 @@ def test_cron_schedule_fires_a_run_the_scheduler_made(server, tmp_path):
         header, line = listed.output.splitlines()[:2]
         assert header.split()[:4] == ["name", "cron", "suites", "tasks"]
         assert line.split()[:8] == [name, "*", "*", "*", "*", "*", "arithmetic", "2"] and line.split()[-1] == "ready"
-        between_runs(name, serving, log_tails(server, serve_log))
     finally:
         stop_group(serving, 60)
     assert slot_run_id(name, done) in Store(tmp_path / "store").runs().collect()["run_id"].to_list()

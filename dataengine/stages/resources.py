@@ -151,4 +151,4 @@ def release_resources() -> None:
         for sandbox in _sandboxes.values():
             sandbox.close()
         _sandboxes.clear()
-        _policies.clear()
+    release_policies()
