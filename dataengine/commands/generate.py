@@ -45,8 +45,6 @@ def register(app: typer.Typer) -> None:
         trajectories and lineage to the store, shard by shard (resumable)."""
         import json
 
-        from rich.console import Console
-
         from dataengine.config import ConfigError, load_config
         from dataengine.stages.generate import generate
         from dataengine.suites import SUITE_MODULES
@@ -104,13 +102,14 @@ def register(app: typer.Typer) -> None:
         except (TaskFileError, ValueError, TypeError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=2) from None
-        console = Console()
+        # stdout is the JSON summary alone (scripts take run_id from it); the human line goes to stderr.
+        typer.echo(json.dumps(summary.as_dict(), indent=1))
         if summary.shards_written == 0:
-            console.print(f"run {summary.run_id}: all {summary.shards_skipped} shard(s) already committed in {summary.store}; nothing to do")
+            typer.echo(f"run {summary.run_id}: all {summary.shards_skipped} shard(s) already committed in {summary.store}; nothing to do", err=True)
             return
-        console.print(json.dumps(summary.as_dict(), indent=1))
-        console.print(
+        typer.echo(
             f"run {summary.run_id}: {summary.trees} trees, {summary.successes} successful trajectories "
             f"({summary.solved} tasks solved), {summary.generated_tokens} generated tokens, "
-            f"{summary.seconds:.1f} s ({summary.model_seconds:.1f} s in the model) -> {summary.store}"
+            f"{summary.seconds:.1f} s ({summary.model_seconds:.1f} s in the model) -> {summary.store}",
+            err=True,
         )
