@@ -26,6 +26,11 @@ import urllib.request
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+# The flows' search at the sizes of the generate steps: level-1 tasks, 600 generated tokens per
+# task, K = 2, 48 tokens per action (the defaults, 96 tokens and K = 4, take 4x as long).
+SMALL = ["--set", "engine.levels=[1]", "--set", "engine.search.max_generated_tokens=600", "--set",
+         "engine.search.num_actions=2", "--set", "engine.policy.max_new_tokens=48", "--set",
+         "engine.eval.max_new_tokens=48"]
 
 
 def free_port() -> int:
@@ -39,7 +44,9 @@ def summary(stdout: str, keys: tuple[str, ...]) -> str:
     try:
         data = json.loads(stdout)
     except ValueError:
-        lines = [line.strip() for line in stdout.splitlines() if line.strip() and not set(line.strip()) <= set("─━┃│┏┓┗┛┡┩└┘┌┐╭╮╰╯═-+|")]
+        # rich tables: skip border lines (box-drawing characters U+2500-U+257F only)
+        lines = [line.strip() for line in stdout.splitlines()
+                 if line.strip() and not all("\u2500" <= c <= "\u257f" or c.isspace() for c in line)]
         return lines[-1][:140] if lines else ""
     if isinstance(data, dict) and keys:
         return ", ".join(f"{k}={data[k]}" for k in keys if k in data)
@@ -131,11 +138,12 @@ def main(argv: list[str] | None = None) -> int:
                                    "--seed", "0", "--out", "tasks/shop.jsonl"])
     search = json.loads(walk.run("search (MCTS)", ["generate", "--suite", "arithmetic", "--tasks", "8", "--level", "1",
                                                    "--model", m, "--temperature", "0.7", "--max-new-tokens", "48",
-                                                   "--sims", "16", "--k", "4", "--store", "store", "--no-progress"],
+                                                   "--sims", "32", "--k", "2", "--max-tokens", "600", "--store",
+                                                   "store", "--no-progress"],
                                  gen_keys))["run_id"]
     sampled = json.loads(walk.run("sample (best-of-N)", ["generate", "--suite", "arithmetic", "--tasks", "8", "--level", "1", "--model", m,
                                     "--method", "best_of_n", "--n", "8", "--temperature", "0.7", "--max-new-tokens",
-                                    "48", "--store", "store", "--no-progress"], gen_keys))["run_id"]
+                                    "48", "--max-tokens", "600", "--store", "store", "--no-progress"], gen_keys))["run_id"]
     runs = ["--run", search, "--run", sampled]
     walk.run("re-verify a run", ["rescore", "--store", "store", "--run", search])
     walk.run("derive datasets", ["derive", "all", "--store", "store", *runs])
@@ -157,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                                "--out", "verdicts.jsonl"])
     walk.run("pipeline (1 round)", ["pipeline", "--suite", "arithmetic", "--tasks", "8", "--rounds", "1", "--model", m,
                                     "--eval-tasks", "8", "--train-steps", "2", "--store", "pipeline-store",
-                                    "--out", "pipeline", "--report", "pipeline-report"])
+                                    "--out", "pipeline", "--report", "pipeline-report", *SMALL])
     walk.run("experiment (1 round)", ["experiment", "--suite", "arithmetic", "--rounds", "1", "--train-tasks", "8",
                                       "--heldout-tasks", "16", "--trainers", "sft,dpo", "--model", m,
-                                      "--out", "experiment"])
+                                      "--out", "experiment", *SMALL, "--set", "engine.eval.search=false"])
     schedule_steps(walk, m)
     table = walk.table()
     print(table)

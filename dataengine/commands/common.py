@@ -1,4 +1,4 @@
-"""What every command module shares: the one-line error exit and opening a store."""
+"""What every command module shares: the one-line error exit, opening a store, `--set` settings."""
 
 from __future__ import annotations
 
@@ -23,3 +23,19 @@ def open_store(path: Path | str, *, create: bool = False) -> Any:
         return Store(path, create=create)
     except StoreError as exc:
         fail(exc)
+
+
+SET_HELP = "Any setting as dotted=value, e.g. engine.search.num_simulations=8 (repeat)."
+
+
+def dotted_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`--set a.b=value` items -> load_config overrides {"a__b": value}; values are YAML scalars."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--set takes dotted.name=value, got {item!r}", param_hint="--set")
+        out[key.strip().replace(".", "__")] = yaml.safe_load(value)
+    return out

@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from dataengine.commands.common import SET_HELP, dotted_overrides
+
 
 def _levels(text: str | None) -> list[list[int]] | None:
     """'1;1,2;1,2,3' -> [[1], [1, 2], [1, 2, 3]]."""
@@ -34,12 +36,10 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str, typer.Option("--model", help="Starting model: 'smollm2', 'tiny' or a checkpoint folder.")] = "smollm2",
         seed: Annotated[int, typer.Option("--seed", help="Seed of tasks, sampling and search.")] = 0,
         config: Annotated[Path | None, typer.Option("--config", help="PipelineConfig file (YAML/TOML) with the rest; flags override it.")] = None,
-        set_: Annotated[list[str] | None, typer.Option("--set", help="Any setting as dotted=value, e.g. engine.search.num_simulations=8 (repeat).")] = None,
+        set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     ) -> None:
         """Run a self-improvement experiment and write results.md / results.json / success.png
         (and the HTML report) under --out. A killed experiment resumes at the stage it reached."""
-        import yaml
-
         from dataengine.config import ConfigError, read_mapping
         from dataengine.experiment import experiment_config, write_results
         from flows.pipeline import run_pipeline
@@ -51,11 +51,7 @@ def register(app: typer.Typer) -> None:
             except ConfigError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--config") from None
             overrides.update(flat)
-        for item in set_ or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise typer.BadParameter(f"--set takes dotted.name=value, got {item!r}", param_hint="--set")
-            overrides[key.strip().replace(".", "__")] = yaml.safe_load(value)
+        overrides.update(dotted_overrides(set_))
         try:
             cfg = experiment_config(out=str(out), suites=list(suite), rounds=rounds, train_tasks=train_tasks,
                                     heldout_tasks=heldout_tasks, model=model, curriculum=_levels(curriculum),

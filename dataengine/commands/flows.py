@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from dataengine.commands.common import SET_HELP, dotted_overrides
+
 schedule_app = typer.Typer(help="Cron schedules of the generate flow (Prefect deployments; need a Prefect server).",
                            no_args_is_help=True)
 
@@ -81,6 +83,7 @@ def register(app: typer.Typer) -> None:
         ray: Annotated[bool, typer.Option("--ray", help="Run shards on Ray (prefect-ray's RayTaskRunner).")] = False,
         ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster address (default: local Ray).")] = None,
         report_dir: Annotated[Path | None, typer.Option("--report", help="Also write the run report to this folder.")] = None,
+        set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     ) -> None:
         """Run rounds of generate -> derive -> export -> train -> evaluate as Prefect flows
         (embedded ephemeral API unless PREFECT_API_URL is set); prints the success table."""
@@ -94,6 +97,7 @@ def register(app: typer.Typer) -> None:
             overrides[f"engine__train__{kind}__max_steps"] = train_steps
         if ray or ray_address:
             overrides.update(runtime__task_runner="ray", runtime__ray_address=ray_address)
+        overrides.update(dotted_overrides(set_))
         from flows.pipeline import PipelineConfig, run_pipeline
 
         try:
