@@ -145,14 +145,15 @@ def main(argv: list[str] | None = None) -> int:
                                     "--method", "best_of_n", "--n", "8", "--temperature", "0.7", "--max-new-tokens",
                                     "48", "--max-tokens", "600", "--store", "store", "--no-progress"], gen_keys))["run_id"]
     runs = ["--run", search, "--run", sampled]
+    data = ["--run", "walk-data"]  # derived rows of both runs
     walk.run("re-verify a run", ["rescore", "--store", "store", "--run", search])
-    walk.run("derive datasets", ["derive", "all", "--store", "store", *runs])
+    walk.run("derive datasets", ["derive", "all", "--store", "store", *runs, "--out-run", "walk-data"])
     walk.run("export pairs", ["export", "pairs", "--store", "store", "--out", "data/pairs.parquet", "--min-margin", "0.2"])
     walk.run("fit a value model", ["train", "value", "--store", "store", "--run", search, "--model", m, "--out", "value.pt"])
-    walk.run("SFT", ["train", "sft", "--store", "store", *runs, "--init", m, "--out", "ckpt/sft", "--steps", "4"])
-    walk.run("DPO", ["train", "dpo", "--store", "store", *runs, "--init", "ckpt/sft", "--out", "ckpt/dpo",
+    walk.run("SFT", ["train", "sft", "--store", "store", *data, "--init", m, "--out", "ckpt/sft", "--steps", "4"])
+    walk.run("DPO", ["train", "dpo", "--store", "store", *data, "--init", "ckpt/sft", "--out", "ckpt/dpo",
                      "--behaviour-ref", "--steps", "4"])
-    walk.run("GRPO", ["train", "grpo", "--store", "store", *runs, "--init", "ckpt/dpo", "--out", "ckpt/grpo",
+    walk.run("GRPO", ["train", "grpo", "--store", "store", *data, "--init", "ckpt/dpo", "--out", "ckpt/grpo",
                       "--steps", "1", "--num-generations", "2", "--max-completion-length", "48", "--limit", "2"])
     walk.run("evaluate", ["eval", "--model", "ckpt/grpo", "--suite", "arithmetic", "--tasks", "16", "--store", "store",
                           "--k", "2", "--search", "--sims", "4", "--search-k", "2"])

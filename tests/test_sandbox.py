@@ -322,3 +322,67 @@ def test_random_mix_of_failures_in_one_batch():
         assert [r.status for r, _ in results] == [want for _, _, want in items]
         assert [r.call.name for r, _ in results] == [n for n, _, _ in items]
         assert_pool_works(sb)
+
+
+TMP_TOOLBOX = '''
+import json
+import os
+
+from dataengine.tools.registry import Toolbox, register_toolbox, tool_from_callable
+
+
+def write(path: str) -> str:
+    """Write a file.
+
+    Args:
+        path: Where.
+    """
+    with open(path, "w") as f:
+        f.write("x")
+    return path
+
+
+def look(path: str) -> bool:
+    """Whether a path exists.
+
+    Args:
+        path: The path.
+    """
+    return os.path.exists(path)
+
+
+register_toolbox(Toolbox(name="tmpbox", tools={t.name: t for t in map(tool_from_callable, [write, look])}))
+'''
+
+
+def test_code_under_tmp_stays_visible_and_read_only(tmp_path, monkeypatch):
+    """A clone or venv under /tmp: the worker's writable /tmp must not hide it (every call of a
+    hidden toolbox failed as a tool error), tools cannot write there, and the between-calls wipe
+    removes what a tool wrote next to it without touching it."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "tmpbox_under_tmp.py").write_text(TMP_TOOLBOX)
+    monkeypatch.syspath_prepend(str(code))
+    with Sandbox(workers=1, modules=["tmpbox_under_tmp"], preload=["tmpbox"]) as sb:
+        module = str((code / "tmpbox_under_tmp.py").resolve())
+        result, _ = sb.call("tmpbox", tc("look", path=module))
+        assert result.status == "ok" and result.output is True
+        if not sb.isolation["namespaces"] or not module.startswith("/tmp/"):
+            pytest.skip("needs namespaces and a pytest tmp_path under /tmp")
+        result, _ = sb.call("tmpbox", tc("write", path=str(code / "new.txt")))
+        assert result.status == "exception" and "Read-only" in result.error
+        beside = str(code.resolve().parent / "junk.txt")  # a folder of the scratch tmpfs above the view path
+        assert sb.call("tmpbox", tc("write", path=beside))[0].status == "ok"
+        assert sb.call("tmpbox", tc("write", path="/tmp/scratch.txt"))[0].status == "ok"
+        for path, exists in ((beside, False), ("/tmp/scratch.txt", False), (module, True)):
+            result, _ = sb.call("tmpbox", tc("look", path=path))
+            assert result.output is exists, path
+    assert not (code / "new.txt").exists() and not os.path.exists(beside)
+
+
+def test_a_toolbox_workers_cannot_load_is_an_error_not_a_tool_result():
+    from dataengine.tools.sandbox import ToolboxLoadError
+
+    with Sandbox(workers=1, preload=["no_such_toolbox_xyz"]) as sb:
+        with pytest.raises(ToolboxLoadError, match="no_such_toolbox_xyz"):
+            sb.call("no_such_toolbox_xyz", tc("add", a=1, b=2))

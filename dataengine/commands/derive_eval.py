@@ -59,6 +59,8 @@ def register(app: typer.Typer) -> None:
             _fail(str(exc))
         if not run and not out_run:
             _fail("give --run RUN (the source run; repeat for several), or --out-run to derive from every run")
+        if len(run or []) > 1 and not out_run:
+            _fail("--run given several times: name the run of the derived rows with --out-run")
         try:
             kinds = list(KINDS) if kind is DeriveKind.all else [kind.value]
             results = derive_datasets(

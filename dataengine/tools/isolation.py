@@ -147,6 +147,10 @@ def _bind(source: str, target: str, read_only: bool = True) -> None:
         make_read_only(target)
 
 
+# Writable in the view (one scratch tmpfs); read-only paths may sit below them, never replace them.
+SCRATCH_TARGETS = ("/tmp", "/dev/shm")
+
+
 def view_paths(extra: tuple[str, ...] | list[str]) -> list[str]:
     """Absolute, existing, real folders/files to show read-only, without ones inside others."""
     paths = {os.path.realpath(p) for p in [*SYSTEM_DIRS, *extra] if p and os.path.exists(p)}
@@ -171,7 +175,20 @@ def build_view(root: str, read_paths: list[str], scratch_mb: int) -> None:
     for name in os.listdir("/"):
         if os.path.islink("/" + name):
             os.symlink(os.readlink("/" + name), f"{root}/{name}")
+    # The scratch tmpfs first, the read-only paths after: code that lives under /tmp (a clone,
+    # a venv) stays visible on top of the writable /tmp instead of being hidden by it.
+    scratch = root + "/.scratch"
+    os.makedirs(scratch)
+    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={scratch_mb}m,mode=755")
+    for sub, target in (("tmp", "/tmp"), ("shm", "/dev/shm")):
+        os.mkdir(f"{scratch}/{sub}")
+        os.chmod(f"{scratch}/{sub}", 0o1777)
+        os.makedirs(root + target, exist_ok=True)
+        mount(f"{scratch}/{sub}", root + target, None, MS_BIND)
+    umount(scratch)
     for path in read_paths:
+        if path in SCRATCH_TARGETS:
+            continue  # /tmp itself on sys.path: the writable scratch wins
         if os.path.realpath(os.path.dirname(root + path)).startswith(root):  # not through a symlink
             _bind(path, root + path)
     os.makedirs(root + "/etc", exist_ok=True)
@@ -186,15 +203,6 @@ def build_view(root: str, read_paths: list[str], scratch_mb: int) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")
-    scratch = root + "/.scratch"
-    os.makedirs(scratch)
-    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={scratch_mb}m,mode=755")
-    for sub, target in (("tmp", "/tmp"), ("shm", "/dev/shm")):
-        os.mkdir(f"{scratch}/{sub}")
-        os.chmod(f"{scratch}/{sub}", 0o1777)
-        os.makedirs(root + target, exist_ok=True)
-        mount(f"{scratch}/{sub}", root + target, None, MS_BIND)
-    umount(scratch)
     for name in ("proc", ".old"):
         os.makedirs(f"{root}/{name}", exist_ok=True)
     make_read_only(root, recursive=False)

@@ -37,6 +37,11 @@ from dataengine.tools.isolation import descendants, process_tree
 from dataengine.tools.worker import Limits, Setup, read_only_view
 from dataengine.types import ToolCall, ToolResult, ToolStatus
 
+
+class ToolboxLoadError(RuntimeError):
+    """A sandbox worker could not import a toolbox it was asked to preload."""
+
+
 # Seconds a worker may take to start (interpreter, imports, preloaded toolboxes).
 STARTUP_TIMEOUT_S = 120.0
 # Seconds a worker may take to import a toolbox on first use, on top of the call's timeout.
@@ -294,6 +299,14 @@ class Sandbox:
         if kind == "ready":
             pid, info = int(msg[2]), dict(msg[3])
             w.ready, w.pid, w.deadline = True, pid, math.inf
+            if info.get("preload_errors"):
+                # Every call would fail as a tool error and poison the episodes: stop here instead.
+                self._replace(w)
+                raise ToolboxLoadError(
+                    "sandbox worker could not load toolbox(es) "
+                    + "; ".join(f"{name!r}: {err}" for name, err in sorted(info["preload_errors"].items()))
+                    + " (tools import inside the worker's read-only view of sys.path and the Python install)"
+                )
             self._info = info
             self._start_failures = 0
             w.measure_baseline(int(info.get("pss", 0)))

@@ -7,7 +7,7 @@ this module keeps the public names importable from their historical place.
 
 from __future__ import annotations
 
-from dataengine.tools.pool import CallItem, Sandbox
+from dataengine.tools.pool import CallItem, Sandbox, ToolboxLoadError
 from dataengine.tools.worker import CpuLimitExceeded, Limits
 
-__all__ = ["CallItem", "CpuLimitExceeded", "Limits", "Sandbox"]
+__all__ = ["CallItem", "CpuLimitExceeded", "Limits", "Sandbox", "ToolboxLoadError"]

@@ -317,13 +317,16 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
         except Exception as exc:
             _IMPORT_ERRORS.append(f"module {module!r} failed to import: {_describe(exc)}")
     loaded: set[str] = set()
+    preload_errors: dict[str, str] = {}
     for name in setup.preload:
         try:
             get_toolbox(name)
             loaded.add(name)
-        except Exception:
-            pass  # reported when a call names it
-    info = {**info, "capabilities": isolation.effective_capabilities(), "pss": _own_pss()}
+        except Exception as exc:  # the pool refuses to run calls on a worker that lacks its toolboxes
+            preload_errors[name] = "; ".join([_describe(exc), *_IMPORT_ERRORS])
+    info = {**info, "capabilities": isolation.effective_capabilities(), "pss": _own_pss(),
+            "preload_errors": preload_errors}
+    keep = _kept(scratch, setup.read_paths) if info.get("namespaces") else frozenset()
     clean = _fingerprint(copy=True)
     _send(conn, "ready", 0, host_pid(), info)
     validators: dict[tuple[str, str], Any] = {}
@@ -348,7 +351,7 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
         elif len(raw) > LARGE_MESSAGE_BYTES:
             _send(conn, "started", seq)  # a large state now in memory: the pool re-reads our size
         result = _execute(toolbox, name, arguments, state, setup.limits, validators)
-        _wipe(scratch)
+        _wipe(scratch, keep)
         status, output_json, error, state_json, seconds = result
         out, new_state = (output_json or "").encode(), (state_json or "").encode()
         _send(conn, "result", seq, status, error, seconds, _left_behind(clean),
@@ -422,24 +425,42 @@ def _left_behind(clean: dict[str, Any]) -> str | None:
     return None
 
 
-def _wipe(scratch: str) -> None:
-    """Empty the scratch folder (and the private /dev/shm) between calls; reset the cwd."""
+def _wipe(scratch: str, keep: frozenset[str] = frozenset()) -> None:
+    """Empty the scratch folder (and the private /dev/shm) between calls; reset the cwd.
+    `keep`: read-only view paths under the scratch folder and their parents (left in place)."""
     _chdir(scratch)
     for folder in [scratch, "/dev/shm"] if _HOST_PID[0] else [scratch]:
+        _empty(folder, keep)
+
+
+def _empty(folder: str, keep: frozenset[str]) -> None:
+    try:
+        if not _listdir(folder):
+            return
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
         try:
-            if not _listdir(folder):
-                continue
-            entries = list(os.scandir(folder))
+            if entry.path in keep:
+                if entry.is_dir(follow_symlinks=False) and not os.path.ismount(entry.path):
+                    _empty(entry.path, keep)  # a parent of a view path: wipe what a tool added
+            elif entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
         except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
+            pass
+
+
+def _kept(scratch: str, read_paths: tuple[str, ...] | list[str]) -> frozenset[str]:
+    """The read paths under `scratch` and every folder between them and it."""
+    keep: set[str] = set()
+    for path in read_paths:
+        while path.startswith(scratch.rstrip("/") + "/"):
+            keep.add(path)
+            path = os.path.dirname(path)
+    return frozenset(keep)
 
 
 def _execute(
