@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     walk.run("GRPO", ["train", "grpo", "--store", "store", *data, "--init", "ckpt/dpo", "--out", "ckpt/grpo",
                       "--steps", "1", "--num-generations", "2", "--max-completion-length", "48", "--limit", "2"])
     walk.run("evaluate", ["eval", "--model", "ckpt/grpo", "--suite", "arithmetic", "--tasks", "16", "--store", "store",
-                          "--k", "2", "--search", "--sims", "4", "--search-k", "2"])
+                          "--k", "2", "--max-new-tokens", "48", "--search", "--sims", "4", "--search-k", "2",
+                          "--value", "zero"])
     walk.run("report", ["report", *runs, "--store", "store", "--out", "reports"])
     walk.run("query", ["query", "--store", "store",
                        "SELECT suite, run_id, avg(CAST(success AS INT)) AS success FROM trajectories GROUP BY suite, run_id"])

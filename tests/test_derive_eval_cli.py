@@ -55,6 +55,8 @@ def test_eval_rejects_bad_settings(app, tmp_path):
     assert out.exit_code == 1 and "unknown suite" in out.output
     out = runner.invoke(app, ["eval", "--k", "4", "--samples", "2", "--store", str(tmp_path / "s")])
     assert out.exit_code == 1 and "samples" in out.output
+    out = runner.invoke(app, ["eval", "--search", "--value", "guess", "--store", str(tmp_path / "s")])
+    assert out.exit_code == 1 and "search.value" in out.output and "zero" in out.output
 
 
 @pytest.mark.slow

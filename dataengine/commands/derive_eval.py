@@ -88,6 +88,7 @@ def register(app: typer.Typer) -> None:
         search: Annotated[bool | None, typer.Option("--search/--no-search", help="Also measure search-at-inference success.")] = None,
         sims: Annotated[int | None, typer.Option("--sims", min=1, help="Search: simulations per tree.")] = None,
         search_k: Annotated[int | None, typer.Option("--search-k", min=1, help="Search: actions sampled per expansion.")] = None,
+        value: Annotated[str | None, typer.Option("--value", help="Search: leaf value, rollout | critic | value_model | zero (config.search.value; zero costs no tokens).")] = None,
         seed: Annotated[int | None, typer.Option("--seed", help="Seed of the held-out tasks and of sampling.")] = None,
         temperature: Annotated[float | None, typer.Option("--temperature", help="Sampling temperature of pass@k episodes.")] = None,
         max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1, help="Tokens per assistant turn.")] = None,
@@ -114,7 +115,7 @@ def register(app: typer.Typer) -> None:
                 eval__num_tasks=tasks, eval__k=k, eval__samples=samples, eval__search=search,
                 eval__search_simulations=sims, eval__search_actions=search_k, eval__seed=seed,
                 eval__temperature=temperature, eval__max_new_tokens=max_new_tokens,
-                search__max_depth=max_steps,
+                search__max_depth=max_steps, search__value=value,
             )
             per_suite = {s: heldout_tasks(engine, s) for s in engine.suites}
         except (ConfigError, ValueError) as exc:
