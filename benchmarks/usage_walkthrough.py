@@ -17,26 +17,18 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # The flows' search at the sizes of the generate steps: level-1 tasks, 600 generated tokens per
 # task, K = 2, 48 tokens per action (the defaults, 96 tokens and K = 4, take 4x as long).
 SMALL = ["--set", "engine.levels=[1]", "--set", "engine.search.max_generated_tokens=600", "--set",
          "engine.search.num_actions=2", "--set", "engine.policy.max_new_tokens=48", "--set",
          "engine.eval.max_new_tokens=48"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def summary(stdout: str, keys: tuple[str, ...]) -> str:
@@ -88,34 +80,20 @@ def write_bfcl_predictions(path: Path, category: str = "simple", n: int = 20) ->
 
 
 def schedule_steps(walk: Walk, model: str) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = dict(walk.env, PREFECT_HOME=str(walk.workdir / "prefect-home"), PREFECT_API_URL=f"{url}/api")
-    server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/api/health", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("prefect server did not become healthy") from None
-                time.sleep(1)
-        walk.env, saved = env, walk.env
-        walk.run("register a schedule (not served)", ["schedule", "generate", "--name", "hourly", "--cron", "0 * * * *",
-                                                      "--suite", "arithmetic", "--tasks", "8", "--model", model,
-                                                      "--store", "store", "--no-serve"])
-        walk.run("list schedules", ["schedule", "list"])
-        walk.run("delete it", ["schedule", "delete", "hourly"])
-        walk.env = saved
-    finally:
-        os.killpg(server.pid, signal.SIGINT)
+    from prefect_server import prefect_server  # tests/prefect_server.py
+
+    saved, home = walk.env, walk.workdir / "prefect-server"
+    home.mkdir()
+    with prefect_server(home) as server:
+        walk.env = dict(saved, PREFECT_HOME=server["env"]["PREFECT_HOME"], PREFECT_API_URL=server["url"])
         try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+            walk.run("register a schedule (not served)", ["schedule", "generate", "--name", "hourly", "--cron",
+                                                          "0 * * * *", "--suite", "arithmetic", "--tasks", "8",
+                                                          "--model", model, "--store", "store", "--no-serve"])
+            walk.run("list schedules", ["schedule", "list"])
+            walk.run("delete it", ["schedule", "delete", "hourly"])
+        finally:
+            walk.env = saved
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,10 +57,9 @@ def register(app: typer.Typer) -> None:
             engine = load_config(config)
         except ConfigError as exc:
             _fail(str(exc))
-        if not run and not out_run:
-            _fail("give --run RUN (the source run; repeat for several), or --out-run to derive from every run")
-        if len(run or []) > 1 and not out_run:
-            _fail("--run given several times: name the run of the derived rows with --out-run")
+        if not out_run and len(run or []) != 1:
+            _fail("give --run RUN (the source run), or --out-run OUT (the run of the derived rows) to derive "
+                  "from several --run or from every run")
         try:
             kinds = list(KINDS) if kind is DeriveKind.all else [kind.value]
             results = derive_datasets(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import _signal
 import builtins
+import contextlib
 import importlib
 import json
 import math
@@ -326,7 +327,7 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
             preload_errors[name] = "; ".join([_describe(exc), *_IMPORT_ERRORS])
     info = {**info, "capabilities": isolation.effective_capabilities(), "pss": _own_pss(),
             "preload_errors": preload_errors}
-    keep = _kept(scratch, setup.read_paths) if info.get("namespaces") else frozenset()
+    keep = _kept(scratch, setup.read_paths)  # empty unless the view shows code under /tmp
     clean = _fingerprint(copy=True)
     _send(conn, "ready", 0, host_pid(), info)
     validators: dict[tuple[str, str], Any] = {}
@@ -441,7 +442,7 @@ def _empty(folder: str, keep: frozenset[str]) -> None:
     except OSError:
         return
     for entry in entries:
-        try:
+        with contextlib.suppress(OSError):  # best effort: the worker is replaced if it misbehaves
             if entry.path in keep:
                 if entry.is_dir(follow_symlinks=False) and not os.path.ismount(entry.path):
                     _empty(entry.path, keep)  # a parent of a view path: wipe what a tool added
@@ -449,8 +450,6 @@ def _empty(folder: str, keep: frozenset[str]) -> None:
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 os.unlink(entry.path)
-        except OSError:
-            pass
 
 
 def _kept(scratch: str, read_paths: tuple[str, ...] | list[str]) -> frozenset[str]:
