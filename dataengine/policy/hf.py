@@ -511,14 +511,11 @@ class HFPolicy(Policy):
                     [where[group_of[r]] * slots + slot_of[r] for r in batch[: len(keep)]]
                     + [len(live_groups) * slots] * len(pad)
                 )
-        return [self._finish(g, lp, f or "length") for g, lp, f in zip(gen, lps, finish)]
+        return [finish_sample(self.tokenizer, g, lp, f or "length", self.stop_strings) for g, lp, f in zip(gen, lps, finish)]
 
     def _hit_stop(self, ids: list[int]) -> bool:
         tail = self.tokenizer.decode(ids[-8:], skip_special_tokens=False)
         return any(s in tail for s in self.stop_strings)
-
-    def _finish(self, ids: list[int], lps: list[float], reason: str) -> Sample:
-        return finish_sample(self.tokenizer, ids, lps, reason, self.stop_strings)
 
 
 class _Head:

