@@ -13,6 +13,7 @@ its rate does not depend on B. Prints one line per configuration with the ratio.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import time
 
@@ -188,6 +189,82 @@ def batched(
     return b * num_simulations / elapsed, out.search_tree.children_visits[:, 0].cpu()
 
 
+def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, repeats: int) -> float | None:
+    """Best of `repeats` simulations/s of DeepMind's mctx (JAX, jit) on the same environment, or None without mctx.
+
+    The environment is SyntheticEnv's hash written in jax.numpy (int64, so x64 is switched on);
+    the search is mctx's own muzero_policy (no root noise) or gumbel_muzero_policy. mctx has no
+    terminal nodes and masks invalid actions at the root only, so its trees are not ours: the
+    rate is compared, not the visit counts. Compile time is excluded (a warm-up call).
+    """
+    try:
+        import jax
+        import jax.numpy as jnp
+        import mctx
+    except ImportError:
+        return None
+    jax.config.update("jax_enable_x64", True)
+    k = env.num_actions
+
+    def mix(x):
+        x = (x ^ (x >> 29)) * 0x5851F42D4C957F2D
+        x = (x ^ (x >> 32)) * 0x14057B7EF767814F
+        return (x ^ (x >> 29)) & _HASH_MASK
+
+    def unit(h, salt):
+        return (mix(h + salt) % 1_000_003).astype(jnp.float32) / 1_000_003.0
+
+    def correct_action(depth):
+        return mix(depth + 1000 * (env.seed + 1)) % k
+
+    def node_outputs(handle):
+        depth = handle >> _DEPTH_SHIFT
+        correct = (handle & _CORRECT_BIT) != 0
+        h = handle & _HASH_MASK
+        hk = h[:, None] * (k + 1) + jnp.arange(k)
+        best = correct_action(depth)[:, None] == jnp.arange(k)
+        logits = 2.0 * unit(hk, 1) - 1.0 + env.prior_hint * best
+        missing = (unit(hk, 2) < env.invalid_fraction) & ~best
+        return jnp.where(missing, -jnp.inf, logits), 0.4 * unit(h, 3) + 0.4 * correct
+
+    def recurrent_fn(params, rng_key, action, parent):
+        del params, rng_key
+        depth = (parent >> _DEPTH_SHIFT) + 1
+        on_path = ((parent & _CORRECT_BIT) != 0) & (action == correct_action(depth - 1))
+        h = mix((parent & _HASH_MASK) * (k + 1) + action + 1)
+        handle = (depth << _DEPTH_SHIFT) | (on_path * _CORRECT_BIT) | h
+        logits, value = node_outputs(handle)
+        terminal = depth >= env.depth
+        out = mctx.RecurrentFnOutput(
+            reward=(terminal & on_path).astype(jnp.float32),
+            discount=jnp.where(terminal, 0.0, env.discount).astype(jnp.float32),
+            prior_logits=logits,
+            value=jnp.where(terminal, 0.0, value).astype(jnp.float32),
+        )
+        return out, handle
+
+    ids = jnp.arange(b, dtype=jnp.int64)
+    handle = mix(ids + 7 * (env.seed + 1)) | _CORRECT_BIT
+    logits, value = node_outputs(handle)
+    root = mctx.RootFnOutput(prior_logits=logits, value=value.astype(jnp.float32), embedding=handle)
+    if gumbel:
+        run = jax.jit(lambda r, key: mctx.gumbel_muzero_policy(
+            (), key, r, recurrent_fn, num_simulations=num_simulations, invalid_actions=jnp.isneginf(r.prior_logits)))
+    else:
+        run = jax.jit(lambda r, key: mctx.muzero_policy(
+            (), key, r, recurrent_fn, num_simulations=num_simulations, invalid_actions=jnp.isneginf(r.prior_logits),
+            dirichlet_fraction=0.0))
+    key = jax.random.PRNGKey(0)
+    jax.block_until_ready(run(root, key))  # compile
+    best = 0.0
+    for _ in range(repeats):
+        start = CLOCK()
+        out = jax.block_until_ready(run(root, key))
+        best = max(best, b * num_simulations / (CLOCK() - start))
+    assert out.action.shape == (b,)
+    return best
+
+
 def check_same_environment(env: SyntheticEnv) -> None:
     """The baseline's scalar environment must return what the tensor one returns."""
     scalar = ScalarEnv(env)
@@ -236,7 +313,12 @@ def main() -> None:
             n = min(b, len(base_visits))
             same = sum(visits[i].tolist() == base_visits[i] for i in range(n))
             line += f"  (root visits equal to baseline in {same}/{n} trees)"
+        peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats) if leaves == 1 else None
+        if peer is not None:
+            line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"
         print(line)
+    if importlib.util.find_spec("mctx") is None:
+        print("mctx not installed: pip install -e '.[bench]' adds DeepMind's mctx as the peer")
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats, RootInput, WidenFn, WidenOutput
-from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, gather_nodes, grow
+from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, grow
 
 # Selection outcomes, one per tree, in SelectedPath.status.
 INACTIVE = 0  # the tree did not search in this slot (budget spent, root terminal)
@@ -143,30 +143,44 @@ def node_stats(tree: Tree, node_index: torch.Tensor, virtual_loss: VirtualLoss |
     A virtual visit counts as one visit whose Q is the lowest value seen at the node, so
     pending paths look worse and other leaves get selected.
     """
+    return _stats_at(tree, _row_offsets(tree) + node_index, virtual_loss)
+
+
+def _row_offsets(tree: Tree) -> torch.Tensor:
+    """`[B]` b * N: added to a node index, the row of node (b, n) in a tensor flattened to [B * N, ...]."""
+    return torch.arange(tree.batch_size, device=tree.device) * tree.max_nodes
+
+
+def _take(tree: Tree, name: str, flat: torch.Tensor) -> torch.Tensor:
+    """Rows `flat` ([B]) of field `name` flattened to [B * N, ...] (Tree.rows): gather_nodes with
+    the index computed once per node instead of once per field (each tensor op is the cost here)."""
+    return tree.rows(name).index_select(0, flat)
+
+
+def _stats_at(tree: Tree, flat: torch.Tensor, virtual_loss: VirtualLoss | None) -> NodeStats:
+    """node_stats() of the nodes at flattened rows `flat` ([B], from _row_offsets)."""
     dtype = tree.node_values.dtype
-    logits = gather_nodes(tree.children_prior_logits, node_index)
-    counts = gather_nodes(tree.children_visits, node_index).to(dtype)
-    q = gather_nodes(tree.children_rewards, node_index) + gather_nodes(tree.children_discounts, node_index) * (
-        gather_nodes(tree.children_values, node_index)
-    )
-    value = gather_nodes(tree.node_values, node_index)
-    visits = gather_nodes(tree.node_visits, node_index).to(dtype)
+    logits = _take(tree, "children_prior_logits", flat)
+    counts = _take(tree, "children_visits", flat).to(dtype)
+    q = _take(tree, "children_rewards", flat) + _take(tree, "children_discounts", flat) * _take(tree, "children_values", flat)
+    value = _take(tree, "node_values", flat)
+    visits = _take(tree, "node_visits", flat).to(dtype)
     invalid = torch.isneginf(logits)
     if virtual_loss is not None:
-        pending = gather_nodes(virtual_loss.edge_visits, node_index)
+        pending = virtual_loss.edge_visits.flatten(0, 1).index_select(0, flat)
         # An unexpanded edge already chosen this iteration is blocked: L leaves stay distinct.
-        invalid = invalid | ((pending > 0) & (gather_nodes(tree.children_index, node_index) == UNVISITED))
+        invalid = invalid | ((pending > 0) & (_take(tree, "children_index", flat) == UNVISITED))
         visited = counts > 0
         low = torch.minimum(value, torch.where(visited, q, value.unsqueeze(-1)).min(-1).values).unsqueeze(-1)
         total = counts + pending
         q = torch.where(pending > 0, (q * counts + low * pending) / total.clamp_min(1e-12), q)
         counts = total
-        visits = visits + gather_nodes(virtual_loss.node_visits, node_index)
+        visits = visits + virtual_loss.node_visits.flatten(0, 1).index_select(0, flat)
     return NodeStats(
-        depth=gather_nodes(tree.depth, node_index),
+        depth=_take(tree, "depth", flat),
         visits=visits,
         value=value,
-        raw_value=gather_nodes(tree.raw_values, node_index),
+        raw_value=_take(tree, "raw_values", flat),
         prior_logits=logits,
         children_visits=counts,
         qvalues=q,
@@ -190,7 +204,8 @@ def select_path(
     max_depth (REVISIT), or at a node whose every action is invalid or pending (DROPPED).
     active: `[B]` bool, trees that search in this slot.
     """
-    b = tree.batch_size
+    b, k = tree.batch_size, tree.num_actions
+    offsets = _row_offsets(tree)
     node = torch.full((b,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
     status = torch.full((b,), INACTIVE, dtype=torch.int64, device=tree.device)
     parent = node.clone()
@@ -198,32 +213,39 @@ def select_path(
     leaf = torch.full_like(node, UNVISITED)
     running = active & ~tree.terminal[:, ROOT_INDEX]
     nodes, actions, masks = [], [], []
+    # Where each tree's walk ended, accumulated per depth and turned into `status` once.
+    dropped, new, revisit = (torch.zeros_like(running) for _ in range(3))
     depth = 0
     while bool(running.any()):
-        stats = node_stats(tree, node, virtual_loss)
+        flat = offsets + node
+        stats = _stats_at(tree, flat, virtual_loss)
         select = root_action_selection_fn if depth == 0 else interior_action_selection_fn
         chosen = select(stats, generator)
         # Every action of the node is invalid or pending: nothing is left to select here.
         stuck = running & stats.invalid.all(-1)
-        status = torch.where(stuck, DROPPED, status)
-        running = running & ~stuck
-        child = gather_nodes(tree.children_index, node).gather(1, chosen.unsqueeze(-1)).squeeze(-1)
+        dropped |= stuck
+        running = running ^ stuck  # stuck is a subset of running: this removes it
+        child = torch.take(tree.children_index, flat * k + chosen)
         nodes.append(node)
         actions.append(chosen)
         masks.append(running)
         parent = torch.where(running, node, parent)
         action = torch.where(running, chosen, action)
-        is_new = running & (child == UNVISITED)
-        safe_child = child.clamp_min(0)
-        at_leaf = gather_nodes(tree.terminal, safe_child)
+        unexpanded = child == UNVISITED
+        child_flat = offsets + child.clamp_min(0)
+        at_leaf = _take(tree, "terminal", child_flat)
         if max_depth is not None:
-            at_leaf = at_leaf | (gather_nodes(tree.depth, safe_child) >= max_depth)
-        is_revisit = running & ~is_new & at_leaf
-        status = torch.where(is_new, NEW, torch.where(is_revisit, REVISIT, status))
+            at_leaf = at_leaf | (_take(tree, "depth", child_flat) >= max_depth)
+        ended = running & (unexpanded | at_leaf)
+        is_new = ended & unexpanded
+        is_revisit = ended ^ is_new
+        new |= is_new
+        revisit |= is_revisit
         leaf = torch.where(is_revisit, child, leaf)
-        running = running & ~is_new & ~is_revisit
+        running = running ^ ended
         node = torch.where(running, child, node)
         depth += 1
+    status = torch.where(new, NEW, torch.where(revisit, REVISIT, torch.where(dropped, DROPPED, status)))
     if not nodes:
         empty = torch.zeros((b, 0), dtype=torch.int64, device=tree.device)
         return SelectedPath(status, parent, action, leaf, empty, empty, empty.bool())
@@ -298,26 +320,30 @@ def backup_path(tree: Tree, path: SelectedPath, leaf_index: torch.Tensor, active
     mask = path.path_mask & active.unsqueeze(-1)
     if path.path_nodes.shape[1] == 0 or not bool(mask.any()):
         return
-    b, d = path.path_nodes.shape
-    rows = torch.arange(b, device=tree.device).unsqueeze(-1).expand(b, d)
-    nodes, acts = path.path_nodes, path.path_actions
-    reward = tree.children_rewards[rows, nodes, acts]
-    discount = tree.children_discounts[rows, nodes, acts]
-    value = tree.node_values[rows[:, 0], leaf_index.clamp_min(0)]
-    returns = torch.empty_like(reward)
-    for j in range(d - 1, -1, -1):
-        value = torch.where(mask[:, j], reward[:, j] + discount[:, j] * value, value)
-        returns[:, j] = value
+    k = tree.num_actions
+    offsets = _row_offsets(tree)
+    nodes = offsets.unsqueeze(-1) + path.path_nodes  # [B, D] rows in the flattened [B * N] tensors
+    edges = nodes * k + path.path_actions  # [B, D] entries in the flattened [B * N * K] tensors
+    reward = torch.take(tree.children_rewards, edges)
+    discount = torch.take(tree.children_discounts, edges)
+    value = torch.take(tree.node_values, offsets + leaf_index.clamp_min(0))
+    # The reverse scan G = r + discount * G over unbound columns: three ops per step.
+    returns = []
+    for m, r, dsc in zip(*(t.unbind(1)[::-1] for t in (mask, reward, discount))):
+        value = torch.where(m, r + dsc * value, value)
+        returns.append(value)
+    returns = torch.stack(returns[::-1], 1)
     # The child of step j is the node of step j + 1, or the leaf after the path's last step.
-    child = torch.cat([nodes[:, 1:], leaf_index.unsqueeze(-1)], 1)
-    child = torch.where(torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], 1), child, leaf_index.unsqueeze(-1))
+    leaf = (offsets + leaf_index).unsqueeze(-1)
+    child = torch.cat([nodes[:, 1:], leaf], 1)
+    child = torch.where(torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], 1), child, leaf)
     # Steps past a path's end repeat its last node: keep only real steps so indices are unique.
-    r, n, a, c, g = rows[mask], nodes[mask], acts[mask], child[mask], returns[mask]
-    count = tree.node_visits[r, n]
-    tree.node_values[r, n] = (tree.node_values[r, n] * count + g) / (count + 1)
-    tree.node_visits[r, n] = count + 1
-    tree.children_values[r, n, a] = tree.node_values[r, c]
-    tree.children_visits[r, n, a] = tree.children_visits[r, n, a] + 1
+    n, e, c, g = nodes[mask], edges[mask], child[mask], returns[mask]
+    count = torch.take(tree.node_visits, n)
+    tree.node_values.put_(n, (torch.take(tree.node_values, n) * count + g) / (count + 1))
+    tree.node_visits.put_(n, count + 1)
+    tree.children_values.put_(e, torch.take(tree.node_values, c))
+    tree.children_visits.put_(e, torch.take(tree.children_visits, e) + 1)
 
 
 def _check_expand_output(out: ExpandOutput, b: int, l: int, k: int) -> None:
@@ -373,18 +399,22 @@ def _expand(
     terminal = out.terminal[bi, li].to(dev).bool() | torch.isneginf(logits).all(-1)
     value = torch.where(terminal, torch.zeros_like(value), value)
     discount = torch.where(terminal, torch.zeros_like(value), out.discount[bi, li].to(device=dev, dtype=dtype))
-    tree.children_index[bi, par, act] = idx
-    tree.children_rewards[bi, par, act] = out.reward[bi, li].to(device=dev, dtype=dtype)
-    tree.children_discounts[bi, par, act] = discount
-    tree.parents[bi, idx] = par
-    tree.action_from_parent[bi, idx] = act
-    tree.depth[bi, idx] = tree.depth[bi, par] + 1
-    tree.node_handle[bi, idx] = out.handle[bi, li].to(device=dev, dtype=torch.int64)
-    tree.terminal[bi, idx] = terminal
-    tree.raw_values[bi, idx] = value
-    tree.node_values[bi, idx] = value
-    tree.node_visits[bi, idx] = 1
-    tree.children_prior_logits[bi, idx] = logits
+    # Flattened indices: one put_ per field instead of three-tensor advanced indexing.
+    row0 = bi * tree.max_nodes
+    new_rows, parent_rows = row0 + idx, row0 + par
+    edges = parent_rows * k + act
+    tree.children_index.put_(edges, idx)
+    tree.children_rewards.put_(edges, out.reward[bi, li].to(device=dev, dtype=dtype))
+    tree.children_discounts.put_(edges, discount)
+    tree.parents.put_(new_rows, par)
+    tree.action_from_parent.put_(new_rows, act)
+    tree.depth.put_(new_rows, torch.take(tree.depth, parent_rows) + 1)
+    tree.node_handle.put_(new_rows, out.handle[bi, li].to(device=dev, dtype=torch.int64))
+    tree.terminal.put_(new_rows, terminal)
+    tree.raw_values.put_(new_rows, value)
+    tree.node_values.put_(new_rows, value)
+    tree.node_visits.put_(new_rows, torch.ones_like(idx))
+    tree.children_prior_logits.put_((new_rows * k).unsqueeze(-1) + torch.arange(k, device=dev), logits)
     tree.num_nodes.add_(valid.long().sum(1))
     return new_index, stop
 

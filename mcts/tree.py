@@ -81,6 +81,22 @@ class Tree:
         """`[B]` int64, simulations backed up into each tree so far."""
         return self.node_visits[:, ROOT_INDEX] - 1
 
+    def rows(self, name: str) -> torch.Tensor:
+        """Field `name` (`[B, N, ...]`) as `[B * N, ...]`: row b * N + n is node n of tree b.
+
+        A view, made once per tree: the search reads every field by flat row index each
+        step, and each tensor op is its cost. A non-contiguous field gets a fresh copy per
+        call instead (a cached copy would miss the search's in-place updates).
+        """
+        views = self.__dict__.setdefault("_row_views", {})
+        view = views.get(name)
+        if view is None:
+            t = getattr(self, name)
+            view = t.flatten(0, 1)
+            if t.is_contiguous():
+                views[name] = view
+        return view
+
     def to(self, device: torch.device | str) -> Tree:
         """A copy of the tree on another device."""
         return Tree(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})

@@ -208,6 +208,24 @@ def test_step_wise_api_equals_resumed_runs():
         assert torch.equal(t, three.tensors()[name]), name
 
 
+def test_non_contiguous_tree_searches_like_a_contiguous_one():
+    # The search reads fields through cached flat views (Tree.rows) and writes with put_: a
+    # tree whose tensors are strided differently must not be read from a stale copy.
+    env = SyntheticEnv(num_actions=5, depth=5)
+    first = mcts.muzero_policy(env.root(3), env.expand, num_simulations=12, max_nodes=40, seed=1)
+
+    def strided(t):
+        return t.transpose(0, 1).contiguous().transpose(0, 1) if t.dim() > 1 else t
+
+    other = mcts.Tree(**{name: strided(t.clone()) for name, t in first.search_tree.tensors().items()})
+    assert not other.children_visits.is_contiguous()
+    again = mcts.muzero_policy(first.search_tree, env.expand, num_simulations=10, max_nodes=40, seed=2)
+    resumed = mcts.muzero_policy(other, env.expand, num_simulations=10, max_nodes=40, seed=2)
+    assert resumed.search_tree.max_nodes == 40  # not grown: the strided tensors were searched in place
+    for name, t in again.search_tree.tensors().items():
+        assert torch.equal(t, resumed.search_tree.tensors()[name]), name
+
+
 def test_load_tree_rejects_other_files(tmp_path):
     torch.save({"something": 1}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not a tree"):
