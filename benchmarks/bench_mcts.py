@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import os
 import time
 
 import torch
@@ -197,6 +198,9 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
     terminal nodes and masks invalid actions at the root only, so its trees are not ours: the
     rate is compared, not the visit counts. Compile time is excluded (a warm-up call).
     """
+    # One XLA thread, as torch gets one (--threads 1): set before jax first loads.
+    os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen={'false' if torch.get_num_threads() == 1 else 'true'} "
+                          f"intra_op_parallelism_threads={torch.get_num_threads()}")
     try:
         import jax
         import jax.numpy as jnp
