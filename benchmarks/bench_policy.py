@@ -23,6 +23,7 @@ tokens/s per mode and the ratio of each to the strongest baseline (the fastest m
 
     .venv/bin/python benchmarks/bench_policy.py            # SmolLM2, B=8, K=8, 32 new tokens
     .venv/bin/python benchmarks/bench_policy.py --quick    # tiny model, B=2, K=2, 8 tokens, 1 thread
+    .venv/bin/python benchmarks/bench_policy.py --modes new --profile   # where `new` spends its time
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; --quick: 1)")
     parser.add_argument("--quick", action="store_true", help="tiny model, B=2, K=2, 8 tokens, 1 thread (a smoke test)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top CPU ops of the new mode")
     args = parser.parse_args()
     if args.quick:
         # One thread: on a shared machine OpenMP threads wait on each other behind other processes.
@@ -186,7 +188,14 @@ def main() -> None:
             policy.sample(warm[0], 1, max_new_tokens=2)
             if hasattr(policy, "cache"):
                 policy.cache.clear()
-            wall, stats, outputs[mode] = run_policy(policy, rounds, args.k, args.max_new_tokens)
+            if mode == "new" and args.profile:
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    wall, stats, outputs[mode] = run_policy(policy, rounds, args.k, args.max_new_tokens)
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+            else:
+                wall, stats, outputs[mode] = run_policy(policy, rounds, args.k, args.max_new_tokens)
             results[mode] = {"seconds": wall, "generated_tokens": int(stats["generated_tokens"]),
                              "prefill_tokens": int(stats["prefill_tokens"])}
             if mode.startswith("vllm"):
