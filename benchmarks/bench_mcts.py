@@ -269,6 +269,24 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
     return best
 
 
+def ops_per_step(env: SyntheticEnv, b: int, num_simulations: int) -> float:
+    """ATen ops dispatched per simulation step of muzero_policy over b trees (environment included):
+    on CPU each op's fixed cost, not its arithmetic, sets the rate at small B."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    root = env.root(b)
+    with Count():
+        mcts.muzero_policy(root, env.expand, num_simulations=num_simulations, dirichlet_fraction=0.0)
+    return Count.ops / num_simulations
+
+
 def check_same_environment(env: SyntheticEnv) -> None:
     """The baseline's scalar environment must return what the tensor one returns."""
     scalar = ScalarEnv(env)
@@ -321,6 +339,8 @@ def main() -> None:
         if peer is not None:
             line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"
         print(line)
+    counts = ", ".join(f"B={b}: {ops_per_step(env, b, sims):.0f}" for b in sizes[:2])
+    print(f"ATen ops per simulation step (muzero_policy, environment included): {counts}")
     if importlib.util.find_spec("mctx") is None:
         print("mctx not installed: pip install -e '.[bench]' adds DeepMind's mctx as the peer")
 

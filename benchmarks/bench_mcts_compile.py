@@ -1,6 +1,6 @@
 """Would torch.compile speed up the mcts core on CPU without changing its results? One probe.
 
-Compiles the PUCT selection rule (mcts.puct_action_selection on a NodeStats, tie-break noise
+Compiles the PUCT selection rule (mcts.action_selection.puct_scores plus the tie-break noise,
 passed in) with inductor and compares it with eager on random nodes: chosen actions, whether
 the scores are bit-identical, and the CPU time per call. The search must give the same trees
 as eager, so a compiled step has to match eager bit for bit, not only in its argmax.
@@ -14,20 +14,15 @@ import time
 
 import torch
 
-from mcts.action_selection import TIE_BREAK_SCALE, masked_argmax
+from mcts.action_selection import TIE_BREAK_SCALE, masked_argmax, puct_scores
 from mcts.base import NodeStats
-from mcts.numerics import softmax
-from mcts.qtransforms import qtransform_by_parent_and_siblings
 
 
 def scores(logits, counts, q, value, visits, noise):
-    """PUCT scores and argmax, as mcts.puct_action_selection computes them (noise given)."""
+    """mcts.puct_action_selection with its tie-break noise passed in (a generator breaks the graph)."""
     stats = NodeStats(depth=visits.long(), visits=visits, value=value, raw_value=value, prior_logits=logits,
                       children_visits=counts, qvalues=q, invalid=torch.isneginf(logits))
-    v = stats.visits.unsqueeze(-1)
-    pb_c = 1.25 + torch.log((v + 19652.0 + 1.0) / 19652.0)
-    policy = torch.sqrt(v) * pb_c * softmax(stats.prior_logits) / (stats.children_visits + 1.0)
-    s = qtransform_by_parent_and_siblings(stats) + policy + TIE_BREAK_SCALE * noise
+    s = puct_scores(stats) + TIE_BREAK_SCALE * noise
     return masked_argmax(s, stats.invalid), s
 
 

@@ -29,6 +29,7 @@ tokens/s per mode and the ratio of each to the strongest baseline (the fastest m
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -204,8 +205,6 @@ def main() -> None:
                 results[mode]["startup_seconds"] = startup
                 # One engine at a time: free this one's KV cache and worker before the next.
                 del policy
-                import gc
-
                 gc.collect()
         results[mode]["generated_tokens_per_s"] = results[mode]["generated_tokens"] / results[mode]["seconds"]
         print(f"{mode}: {results[mode]['seconds']:.1f} s, {results[mode]['generated_tokens_per_s']:.1f} generated tok/s", flush=True)

@@ -39,15 +39,14 @@ def _tie_break(stats: NodeStats, generator: torch.Generator | None) -> torch.Ten
     return TIE_BREAK_SCALE * noise.to(stats.qvalues.dtype)
 
 
-def puct_action_selection(
+def puct_scores(
     stats: NodeStats,
-    generator: torch.Generator | None = None,
     *,
     pb_c_init: float = PB_C_INIT,
     pb_c_base: float = PB_C_BASE,
     qtransform: QTransform = qtransform_by_parent_and_siblings,
 ) -> torch.Tensor:
-    """AlphaZero/MuZero PUCT: argmax_a Q(s, a) + P(s, a) sqrt(N(s)) / (1 + N(s, a)) * c(s).
+    """`[B, K]` PUCT scores Q(s, a) + P(s, a) sqrt(N(s)) / (1 + N(s, a)) * c(s), without tie-breaking.
 
     c(s) = pb_c_init + log((N(s) + pb_c_base + 1) / pb_c_base); Q is transformed by qtransform
     (default: min-max normalised by the node's value and its siblings).
@@ -56,8 +55,20 @@ def puct_action_selection(
     pb_c = pb_c_init + torch.log((visits + pb_c_base + 1.0) / pb_c_base)
     probs = softmax(stats.prior_logits)
     policy_score = torch.sqrt(visits) * pb_c * probs / (stats.children_visits + 1.0)
-    scores = qtransform(stats) + policy_score + _tie_break(stats, generator)
-    return masked_argmax(scores, stats.invalid)
+    return qtransform(stats) + policy_score
+
+
+def puct_action_selection(
+    stats: NodeStats,
+    generator: torch.Generator | None = None,
+    *,
+    pb_c_init: float = PB_C_INIT,
+    pb_c_base: float = PB_C_BASE,
+    qtransform: QTransform = qtransform_by_parent_and_siblings,
+) -> torch.Tensor:
+    """AlphaZero/MuZero PUCT: argmax_a of puct_scores, ties broken at random by `generator`."""
+    scores = puct_scores(stats, pb_c_init=pb_c_init, pb_c_base=pb_c_base, qtransform=qtransform)
+    return masked_argmax(scores + _tie_break(stats, generator), stats.invalid)
 
 
 def uct_action_selection(

