@@ -93,7 +93,9 @@ def success_table(evals: list[tuple[int, str, dict[str, tuple[float, float, floa
 class Journal:
     """Finished stages of a pipeline, kept in `<out_dir>/journal.json` (stage key -> result), so
     a killed pipeline resumes at the stage it reached without redoing finished ones. The file
-    names the config it belongs to: a changed config is refused, not silently mixed in."""
+    names the config it belongs to: a changed config is refused, not silently mixed in. The
+    number of rounds is left out of that key (round r's stages do not depend on it), so a
+    finished pipeline rerun with more rounds runs only the new ones."""
 
     def __init__(self, path: Path, config: PipelineConfig) -> None:
         import json
@@ -101,7 +103,7 @@ class Journal:
         from dataengine.types import stable_hash
 
         self.path = path
-        self.key = stable_hash(config.model_dump(mode="json", exclude={"runtime"}))
+        self.key = stable_hash(config.model_dump(mode="json", exclude={"runtime", "rounds"}))
         self.done: dict[str, Any] = {}
         if path.is_file():
             saved = json.loads(path.read_text())

@@ -69,11 +69,15 @@ def test_journal_refuses_another_config(tmp_path):
     from flows.pipeline import Journal
 
     a = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny")
-    b = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=5)
+    b = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", train_tasks=5)
+    more_rounds = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=5)
     journal = Journal(tmp_path / "journal.json", a)
     calls = []
     assert journal.run("r1/x", lambda: calls.append(1) or {"v": 1}) == {"v": 1}
     assert Journal(tmp_path / "journal.json", a).run("r1/x", lambda: calls.append(2)) == {"v": 1}
+    assert calls == [1]
+    # More rounds extend a finished experiment: its stages are kept.
+    assert Journal(tmp_path / "journal.json", more_rounds).run("r1/x", lambda: calls.append(3)) == {"v": 1}
     assert calls == [1]
     with pytest.raises(ValueError, match="another pipeline config"):
         Journal(tmp_path / "journal.json", b)
