@@ -255,6 +255,14 @@ def test_derive_bad_input(store, tmp_path):
     empty.append("trajectories", tree_trajectories(), run_id=RUN, shard_id="s0")
     with pytest.raises(ValueError, match="no nodes table"):
         derive(empty, ["step-pairs"], run_ids=[RUN])
+    # A second committed shard of the same task (another shard layout, or a second writer):
+    # two trees under one tree id, refused before anything is derived.
+    store.append("nodes", tree_nodes(), run_id=RUN, shard_id="s1")
+    store.append("trajectories", tree_trajectories(), run_id=RUN, shard_id="s1")
+    store.append("tasks", [task_row()], run_id=RUN, shard_id="s1")
+    with pytest.raises(ValueError, match="in shards s0, s1"):
+        derive(store, ["sft"], run_ids=[RUN])
+    assert not store.has_table("sft")
 
 
 @pytest.mark.slow

@@ -62,6 +62,23 @@ def test_generate_writes_trees_lineage_and_resumes(tmp_path, env, tiny, tasks):
     assert store.tasks().collect().height == 4
 
 
+def test_a_run_refuses_a_second_shard_layout(tmp_path, env, tiny, tasks):
+    """A run resumed with another shard size would search its tasks again into new shards
+    (two trees per task id); it is refused before searching, and nothing stored is lost."""
+    from storage.errors import StoreError
+
+    first = generate(config(tmp_path / "store"), tasks=tasks[:2], run_id="r1", policy=tiny, env=env, progress=False)
+    store = Store(tmp_path / "store")
+    before = store.nodes().collect().height
+    sequences = tiny.stats.sequences
+    with pytest.raises(StoreError, match="already holds task 'arithmetic-train-000000'.*another shard size"):
+        generate(config(tmp_path / "store", shard_size=4), tasks=tasks, run_id="r1", policy=tiny, env=env,
+                 progress=False)
+    assert tiny.stats.sequences == sequences  # refused before any sampling
+    assert store.committed_shards("tasks", "r1") == {"tasks-000000-000001"}
+    assert store.nodes().collect().height == before == first.nodes
+
+
 def test_best_of_n_and_greedy_charge_the_budget(env, tiny, tasks):
     cfg = config("unused")
     reward = make_reward(cfg, env)

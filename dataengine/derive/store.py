@@ -184,6 +184,8 @@ def derive(
                     if pending else "")
             raise ValueError(f"run(s) {', '.join(missing)} have no nodes or trajectories in committed shards of {store.root}; "
                              f"runs there: {', '.join(sorted(present)) or 'none'}{hint}")
+    if "tasks" in versions:
+        _check_one_tree_per_task(store, scan("tasks"), run_ids, versions)
     results = []
     for kind in kinds:
         lacking = [t for t in REQUIRED_SOURCES[kind] if t not in versions]
@@ -205,6 +207,22 @@ def derive(
         results.append(DeriveResult(kind, table, out_run_id, shard, frame.height, version, used,
                                     time.perf_counter() - start))
     return results
+
+
+def _check_one_tree_per_task(store: Any, tasks: pl.LazyFrame, run_ids: list[str] | None,
+                             versions: dict[str, int]) -> None:
+    """A run with two committed shards of one task holds two trees under one tree id (written
+    with two shard layouts, or by two processes); deriving from it would count that task twice."""
+    if run_ids:
+        tasks = tasks.filter(pl.col("run_id").is_in(run_ids))
+    twice = store.collect(tasks.group_by("run_id", "task_id").agg(pl.col("shard_id").unique().sort())
+                          .filter(pl.col("shard_id").list.len() > 1).sort("run_id", "task_id"),
+                          tables=["tasks"], versions=versions)
+    if twice.height:
+        row = twice.row(0, named=True)
+        raise ValueError(f"run {row['run_id']!r} holds task {row['task_id']!r} in shards {', '.join(row['shard_id'])} "
+                         f"({twice.height} task(s) in more than one shard): it was written with two shard layouts or "
+                         "by two processes; regenerate it under a fresh run id")
 
 
 def _run_ids(store: Any, frame: pl.LazyFrame, tables: list[str], versions: dict[str, int]) -> list[str]:

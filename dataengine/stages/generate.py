@@ -232,6 +232,28 @@ def record_generate_run(store: Any, config: EngineConfig, run_id: str, *, model_
     )
 
 
+def check_no_overlap(store: Any, run_id: str, shard: Shard) -> None:
+    """Refuse to write `shard` into `run_id` when another shard of that run already holds one
+    of its tasks: the run was started with another shard size or task list (or another
+    process writes it), and the store would hold two trees of one task."""
+    import polars as pl
+
+    from storage.errors import StoreError
+
+    if not store.has_table("tasks"):
+        return
+    ids = [t.id for t in shard.tasks]
+    clash = (store.scan("tasks")
+             .filter((pl.col("run_id") == run_id) & (pl.col("shard_id") != shard.shard_id) & pl.col("task_id").is_in(ids))
+             .select("shard_id", "task_id").unique().sort("task_id").collect())
+    if clash.height:
+        first = clash.row(0, named=True)
+        raise StoreError(
+            f"run {run_id!r} already holds task {first['task_id']!r} (and {clash.height - 1} more of shard "
+            f"{shard.shard_id!r}) in shard {first['shard_id']!r}: it was written with another shard size or task "
+            "list, or by another process; use another run id (or delete that run) instead of mixing two layouts")
+
+
 def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
                    on_progress: Callable[[dict[str, int]], None] | None = None) -> ShardResult:
     """Search (or sample) one shard with config.generate's method and commit it; skipped when
@@ -242,12 +264,14 @@ def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
     store, config = resources.store, resources.config
     if shard.shard_id in store.committed_shards("tasks", run_id):
         return ShardResult(shard.shard_id, skipped=True)
+    check_no_overlap(store, run_id, shard)
     g = config.generate
     out = run_shard(shard.shard_id, shard.tasks, method=g.method, policy=resources.policy, env=resources.env,
                     reward=resources.reward, config=config, seed=config.seed + SHARD_SEED_STRIDE * shard.index,
                     n=g.n, prior=g.prior, rollouts=g.rollouts, value_model=resources.value_model,
                     on_progress=on_progress)
     written = time.perf_counter()
+    check_no_overlap(store, run_id, shard)  # again: another process may have committed meanwhile
     write_shard(store, out, run_id)
     return ShardResult(
         shard.shard_id,
