@@ -106,6 +106,11 @@ def generate_flow(
     plan = plan_generate(config, run_id=run_id)
     store = open_store(config.store)
     todo = plan.todo(store)
+    plan.check_resume(store)
+    if todo and not store.committed_shards("tasks", plan.run_id):
+        # A fresh run puts its settings key on record before its first shard commits (the model
+        # id, known in the shards' processes, comes with the row rewritten after them).
+        record_generate_run(store, config, plan, model_id=None, verifier_versions=None)
     ensure_accelerator_limit(runtime.accelerator_slots)
     shard_task = generate_shard.with_options(**shard_options(runtime))
     if runtime.task_runner == "ray" and ray_options(runtime):
@@ -118,7 +123,7 @@ def generate_flow(
     results = [f.result() for f in futures]
     done = [r for r in results if not r.get("skipped")]
     if done:
-        record_generate_run(store, config, plan.run_id, model_id=done[0]["model_id"],
+        record_generate_run(store, config, plan, model_id=done[0]["model_id"],
                             verifier_versions=done[0]["verifier_versions"])
     skipped = len(plan.shards) - sum(not r.get("skipped") for r in results)
     create_markdown_artifact(

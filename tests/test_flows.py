@@ -41,6 +41,16 @@ def test_generate_then_rerun_skips_committed_shards(tmp_path):
     assert store.version("nodes") == nodes_version + 1
     counts = store.tasks().collect().group_by("shard_id").len()
     assert sorted(counts["len"].to_list()) == [2, 2, 2]
+    run = store.runs().filter(pl.col("run_id") == "g1").collect().to_dicts()
+    assert len(run) == 1 and run[0]["model_id"]  # the pre-shard row (no model id) was rewritten after
+
+    # The same run id with another search setting is refused before any shard, nothing written.
+    from storage.errors import StoreError
+
+    with pytest.raises(StoreError, match="'g1' was written with other settings"):
+        run_generate(tiny_config(tmp_path / "store", num_tasks=8, num_simulations=2), run_id="g1")
+    assert store.version("nodes") == nodes_version + 1
+    assert store.runs().filter(pl.col("run_id") == "g1").collect().to_dicts() == run
 
     # Rescore: the same verifiers over replayed episodes give the same rewards, shard by shard.
     from flows.derived import rescore_flow

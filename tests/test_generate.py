@@ -13,7 +13,7 @@ from dataengine.cli import app
 from dataengine.config import ConfigError
 from dataengine.search import TokenBudget, play_episodes
 from dataengine.stages import make_reward
-from dataengine.stages.generate import default_run_id, generate, shards
+from dataengine.stages.generate import Shard, check_no_overlap, default_run_id, generate, settings_key, shards
 from dataengine.suites import generate_suite
 from storage import Store
 
@@ -63,20 +63,49 @@ def test_generate_writes_trees_lineage_and_resumes(tmp_path, env, tiny, tasks):
 
 
 def test_a_run_refuses_a_second_shard_layout(tmp_path, env, tiny, tasks):
-    """A run resumed with another shard size would search its tasks again into new shards
-    (two trees per task id); it is refused before searching, and nothing stored is lost."""
+    """A run resumed over another task list (or with another shard size) would search tasks
+    again into other shards (two trees per task id); it is refused before searching, and
+    nothing stored is lost."""
     from storage.errors import StoreError
 
-    first = generate(config(tmp_path / "store"), tasks=tasks[:2], run_id="r1", policy=tiny, env=env, progress=False)
+    first = generate(config(tmp_path / "store"), tasks=tasks[1:3], run_id="r1", policy=tiny, env=env, progress=False)
     store = Store(tmp_path / "store")
     before = store.nodes().collect().height
     sequences = tiny.stats.sequences
-    with pytest.raises(StoreError, match="already holds task 'arithmetic-train-000000'.*another shard size"):
+    # Shard 0 is committed with tasks 1-2; this task list puts tasks 0-1 under its id.
+    with pytest.raises(StoreError, match="shard 'tasks-000000-000001' of run 'r1' holds tasks.*another task list"):
+        generate(config(tmp_path / "store"), tasks=tasks, run_id="r1", policy=tiny, env=env, progress=False)
+    with pytest.raises(StoreError, match="other settings"):  # the shard size moves the shards' seeds
         generate(config(tmp_path / "store", shard_size=4), tasks=tasks, run_id="r1", policy=tiny, env=env,
                  progress=False)
     assert tiny.stats.sequences == sequences  # refused before any sampling
     assert store.committed_shards("tasks", "r1") == {"tasks-000000-000001"}
     assert store.nodes().collect().height == before == first.nodes
+    # A second writer's shard (checked again right before its commit) that holds a stored task.
+    with pytest.raises(StoreError, match="already holds task 'arithmetic-train-000002'.*another process"):
+        check_no_overlap(store, "r1", Shard(1, "tasks-000002-000003", tasks[2:4]))
+    check_no_overlap(store, "r1", Shard(1, "tasks-000003-000003", tasks[3:4]))
+
+
+def test_a_run_id_refuses_other_settings(tmp_path, env, tiny, tasks):
+    """An explicit run id resumed with a changed output setting would mix two configurations in
+    one run; it is refused before any sampling. More tasks with the same settings extend it."""
+    from storage.errors import StoreError
+
+    generate(config(tmp_path / "store"), tasks=tasks[:2], run_id="r1", policy=tiny, env=env, progress=False)
+    store = Store(tmp_path / "store")
+    run = store.runs().collect().to_dicts()
+    assert json.loads(run[0]["config_json"])["settings_key"] == settings_key(config(tmp_path / "store"))
+    sequences = tiny.stats.sequences
+    with pytest.raises(StoreError, match="'r1' was written with other settings"):
+        generate(config(tmp_path / "store", search__num_simulations=2), tasks=tasks, run_id="r1", policy=tiny,
+                 env=env, progress=False)
+    assert tiny.stats.sequences == sequences  # refused before any sampling
+    assert store.committed_shards("tasks", "r1") == {"tasks-000000-000001"}
+    assert store.runs().collect().to_dicts() == run  # the lineage row still names the first settings
+    # The task count is not a setting a run must keep (a run is extended by more tasks).
+    assert settings_key(config("s", num_tasks=3)) == settings_key(config("s", num_tasks=8))
+    assert settings_key(config("s", search__num_simulations=2)) != settings_key(config("s"))
 
 
 def test_best_of_n_and_greedy_charge_the_budget(env, tiny, tasks):

@@ -1,9 +1,10 @@
 """The generate stage: which tasks, which shards, which run id, and one shard searched (or
 sampled) and committed.
 
-    plan = plan_generate(config)                       # run id + shards
+    plan = plan_generate(config)                       # run id, settings key + shards
     with Resources.open(config, plan.toolboxes) as res:
-        record_generate_run(res.store, config, plan.run_id, model_id=res.policy.model_id,
+        plan.check_resume(res.store)                   # a run id holds one configuration
+        record_generate_run(res.store, config, plan, model_id=res.policy.model_id,
                             verifier_versions=res.reward.versions())
         for shard in plan.todo(res.store):
             generate_shard(res, plan.run_id, shard)
@@ -13,7 +14,10 @@ Prefect task per shard. Both derive a shard's seed the same way (config.seed + 1
 so the CLI and the flow write the same trees.
 
 Per shard: one Delta transaction per table, in the order nodes, trajectories, tasks; the `tasks`
-rows mark the shard committed, so a rerun with the same run id skips it.
+rows mark the shard committed, so a rerun with the same run id skips it. The run's `runs` row
+holds its settings key (`settings_key`): resuming a run id that already has committed shards
+with other settings (an explicit `--run-id`, a pipeline round) is refused, so one run never
+mixes trees of two configurations.
 """
 
 from __future__ import annotations
@@ -42,10 +46,11 @@ class Shard:
 
 @dataclass
 class GeneratePlan:
-    """The run id and the shards of one generate run."""
+    """The run id, the settings key (`settings_key`) and the shards of one generate run."""
 
     run_id: str
     shards: list[Shard]
+    settings_key: str
 
     @property
     def toolboxes(self) -> list[str]:
@@ -55,6 +60,36 @@ class GeneratePlan:
         """The shards not yet committed in `store`."""
         committed = store.committed_shards("tasks", self.run_id)
         return [s for s in self.shards if s.shard_id not in committed]
+
+    def check_resume(self, store: Any) -> None:
+        """Refuse to resume a run whose committed shards were written with other settings (its
+        `runs` row holds another settings key; runs recorded before keys existed pass) or hold
+        other tasks than this plan's shards of the same id (another task list: the shard would be
+        skipped and its tasks never searched)."""
+        import polars as pl
+
+        from storage.errors import StoreError
+
+        if not store.has_table("tasks"):
+            return
+        held = (store.scan("tasks").filter(pl.col("run_id") == self.run_id).group_by("shard_id")
+                .agg(pl.col("task_id").unique().sort()).collect())
+        if not held.height:
+            return
+        stored = recorded_settings_key(store, self.run_id)
+        if stored is not None and stored != self.settings_key:
+            raise StoreError(
+                f"run {self.run_id!r} was written with other settings (settings key {stored}, now {self.settings_key}): "
+                "a changed search, policy, sampling, value-model, suite or prompt setting would mix two "
+                "configurations in one run; use another run id (or the default one, which follows the settings) "
+                "or delete that run")
+        planned = {s.shard_id: sorted(t.id for t in s.tasks) for s in self.shards}
+        for shard_id, task_ids in held.iter_rows():
+            if shard_id in planned and planned[shard_id] != task_ids:
+                raise StoreError(
+                    f"shard {shard_id!r} of run {self.run_id!r} holds tasks {task_ids[:3]}..., this run's shard of "
+                    f"that id {planned[shard_id][:3]}...: the run was written over another task list; use another "
+                    "run id instead of mixing two task lists")
 
 
 @dataclass
@@ -179,19 +214,31 @@ def shards(tasks: Sequence[Task], shard_size: int) -> list[Shard]:
     return out
 
 
-def default_run_id(config: EngineConfig, tasks: Sequence[Task]) -> str:
-    """A run id fixed by every setting that changes the output (`EngineConfig.output_settings`:
-    method, n, rollouts, prior, search, policy, ...), the value head's bytes, the tasks and the
-    prompt template: the same command resumes, any changed setting starts a new run."""
+def _output_settings(config: EngineConfig) -> dict[str, Any]:
+    """Every setting that changes the output (`EngineConfig.output_settings`: method, n,
+    rollouts, prior, search, policy, ...), the value head's bytes and the prompt template."""
     from dataengine.chat_template import prompt_fingerprint
 
     value_model = config.generate.value_model
-    key = stable_hash({
+    return {
         "config": config.output_settings(),
         "value_model": _file_hash(value_model) if value_model else None,
-        "tasks": [t.id for t in tasks],
         "prompt": prompt_fingerprint(config.policy.few_shot),
-    })
+    }
+
+
+def settings_key(config: EngineConfig) -> str:
+    """The hash a run's shards must agree on: `_output_settings` less the number of tasks (a run
+    may be extended by more tasks; `check_resume` and `check_no_overlap` guard the task layout)."""
+    settings = _output_settings(config)
+    settings["config"].pop("num_tasks", None)
+    return stable_hash(settings)
+
+
+def default_run_id(config: EngineConfig, tasks: Sequence[Task]) -> str:
+    """A run id fixed by `_output_settings` and the tasks: the same command resumes, any
+    changed setting starts a new run."""
+    key = stable_hash({**_output_settings(config), "tasks": [t.id for t in tasks]})
     return f"generate-{config.generate.method}-{key[:10]}"
 
 
@@ -210,26 +257,44 @@ def plan_generate(config: EngineConfig, *, tasks: Sequence[Task] | None = None, 
     tasks = list(tasks) if tasks is not None else config_tasks(config)
     if not tasks:
         raise ValueError("no tasks to generate from (config.num_tasks or the task list is empty)")
-    return GeneratePlan(run_id or default_run_id(config, tasks), shards(tasks, config.shard_size))
+    return GeneratePlan(run_id or default_run_id(config, tasks), shards(tasks, config.shard_size), settings_key(config))
 
 
 # ---------------------------------------------------------------------------- the stage
 
 
-def record_generate_run(store: Any, config: EngineConfig, run_id: str, *, model_id: str,
-                        verifier_versions: dict[str, str]) -> None:
-    """The run's lineage row: config, code version, model and checkpoint hash, verifier
-    versions, seed and the store's table versions."""
+def record_generate_run(store: Any, config: EngineConfig, plan: GeneratePlan, *, model_id: str | None,
+                        verifier_versions: dict[str, str] | None) -> None:
+    """The run's lineage row: config and settings key, code version, model and checkpoint hash,
+    verifier versions, seed and the store's table versions. Rewritten (one row per run) each time
+    the run writes shards; the generate flow writes it before its shards without the model id,
+    which the shards' processes know, then again after them with it."""
     store.record_run(
-        run_id,
+        plan.run_id,
         kind="generate",
-        config={"engine": config.model_dump(mode="json")},
+        config={"engine": config.model_dump(mode="json"), "settings_key": plan.settings_key},
         model_id=model_id,
-        checkpoint_hash=model_id.rsplit("@", 1)[-1] if "@" in model_id else None,
+        checkpoint_hash=model_id.rsplit("@", 1)[-1] if model_id and "@" in model_id else None,
         verifier_versions=verifier_versions,
         seed=config.seed,
         source_versions=store.table_versions(),
     )
+
+
+def recorded_settings_key(store: Any, run_id: str) -> str | None:
+    """The settings key in the `runs` row of generate run `run_id` (None: no row, or a row
+    written before keys were recorded)."""
+    import json
+
+    import polars as pl
+
+    if not store.has_table("runs"):
+        return None
+    rows = (store.scan("runs").filter((pl.col("run_id") == run_id) & (pl.col("kind") == "generate"))
+            .select("config_json").collect())
+    keys = {json.loads(c).get("settings_key") for c in rows["config_json"].to_list() if c}
+    keys.discard(None)
+    return min(keys) if keys else None
 
 
 def check_no_overlap(store: Any, run_id: str, shard: Shard) -> None:
@@ -309,7 +374,8 @@ def generate(config: EngineConfig, *, tasks: Sequence[Task] | None = None, run_i
             summary.seconds = time.perf_counter() - started
             return summary
         model_before = res.policy.stats.seconds
-        record_generate_run(res.store, config, plan.run_id, model_id=res.policy.model_id,
+        plan.check_resume(res.store)
+        record_generate_run(res.store, config, plan, model_id=res.policy.model_id,
                             verifier_versions=res.reward.versions())
         with Progress(sum(len(s.tasks) for s in todo), config.generate.method, enabled=progress) as bar:
             for shard in todo:
