@@ -87,6 +87,8 @@ def results_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "model_id": suite_result["model_id"],
                 "greedy": _metric(suite_result, "greedy_success"),
                 "axes": {a: _metric(suite_result, f"axis/{a}") for a in AXES},
+                "by_level": {name.split("/", 1)[1]: _metric(suite_result, name)
+                             for name in sorted(suite_result["metrics"]) if name.startswith("level/")},
                 "search_deployable": _metric(suite_result, "search_deployable_success"),
                 "search_oracle": _metric(suite_result, "search_success"),
                 "search_found": _metric(suite_result, "search_found"),
@@ -99,13 +101,14 @@ def results_markdown(rows: list[dict[str, Any]], *, command: str, seconds: float
     """The per-round table, then the per-round search and training details."""
     lines = [
         f"Command: `{command}`; wall time {seconds / 60:.1f} min.", "",
-        "| round | suite | greedy success [95% CI] | when | which | how | final | search, deployable | "
+        "| round | suite | greedy success [95% CI] | greedy by level | when | which | how | final | search, deployable | "
         "search, oracle-guided | any success in tree (oracle bound) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         axes = [_cell(r["axes"][a]) for a in AXES]
-        lines.append(f"| {r['round']} | {r['suite']} | {_cell(r['greedy'])} | " + " | ".join(axes)
+        by_level = "; ".join(f"{lv}: {_cell(v)}" for lv, v in r.get("by_level", {}).items()) or "-"
+        lines.append(f"| {r['round']} | {r['suite']} | {_cell(r['greedy'])} | {by_level} | " + " | ".join(axes)
                      + f" | {_cell(r['search_deployable'])} | {_cell(r['search_oracle'])} | {_cell(r['search_found'])} |")
     lines += ["", "| round | levels | trees searched | successes (tasks solved) | generated tokens | "
               "rows per dataset | trained (from the previous checkpoint) | seconds per stage |",

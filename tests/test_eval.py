@@ -112,6 +112,12 @@ def test_evaluate_counts_known_outcomes(env, tmp_path):
     assert report.metric("axis/when").value == pytest.approx(0.5)
     assert report.metric("axis/final").value == pytest.approx(0.5)
     assert greedy.details["tokens_per_solved"] > 0
+    # Per difficulty level: the greedy outcomes of that level's tasks.
+    for level in {t.metadata["level"] for t in tasks}:
+        flags = [i % 2 == 1 for i, t in enumerate(tasks) if t.metadata["level"] == level]
+        metric = report.metric(f"level/{level}")
+        assert (metric.value, metric.n) == (pytest.approx(sum(flags) / len(flags)), len(flags))
+    assert sum(report.metric(f"level/{lv}").n for lv in {t.metadata["level"] for t in tasks}) == 6
 
     store = Store(tmp_path / "store")
     version = write_report(store, report, run_id="eval-1", config={"k": 2})

@@ -60,7 +60,8 @@ def test_experiment_resumes_after_kill(tmp_path):
     assert all(r["greedy"] is not None and r["search_deployable"] is not None for r in results["rows"])
     assert results["rows"][1]["trees"] == 2 and "generate" in results["rows"][1]["seconds"]
     text = (out / "results.md").read_text()
-    assert "search, deployable" in text and "oracle bound" in text
+    assert "search, deployable" in text and "oracle bound" in text and "greedy by level" in text
+    assert all(r["by_level"] and set(r["by_level"]) <= {"1", "2", "3"} for r in results["rows"])
     assert (out / "success.png").stat().st_size > 0 and (out / "report" / "report.html").is_file()
 
 

@@ -4,6 +4,7 @@ Metrics (one `evals` row each, 95% intervals):
 - greedy_success: share of tasks solved by the greedy episode (Wilson interval).
 - axis/when, axis/which, axis/how, axis/final: per-axis pass rates of the greedy episodes over
   the tasks where the axis applies (verifiers.axes; Wilson).
+- level/<n>: greedy success on the tasks of difficulty level n (task metadata `level`; Wilson).
 - pass@k: unbiased estimator over n >= k sampled episodes per task (bootstrap over tasks);
   sample_success: mean success of single samples (pass@1 from the same samples).
 - search_deployable_success: the episode a search without the gold returns (its tree is guided
@@ -97,6 +98,17 @@ def proportion(name: str, flags: Sequence[bool], details: dict[str, Any] | None 
     return Metric(name, s / n if n else None, low, high, n, {"successes": s, **(details or {})})
 
 
+def level_metrics(greedy: Sequence[Outcome]) -> list[Metric]:
+    """Greedy success per difficulty level (task metadata `level`: the number of tool calls
+    the task needs), `level/<n>`: which levels a round moved, and which none solves."""
+    levels: dict[int, list[bool]] = {}
+    for o in greedy:
+        level = o.rollout.task.metadata.get("level")
+        if level is not None:
+            levels.setdefault(int(level), []).append(o.success)
+    return [proportion(f"level/{lv}", flags, {"source": "greedy"}) for lv, flags in sorted(levels.items())]
+
+
 def cost_details(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """Generated tokens and tool calls, in total and per solved task."""
     solved = sum(o.success for o in outcomes)
@@ -152,6 +164,7 @@ def evaluate(
         for axis in AXES:
             flags = [o.axes[axis] for o in greedy if o.axes.get(axis) is not None]
             metrics.append(proportion(f"axis/{axis}", flags, {"source": "greedy"}))
+        metrics += level_metrics(greedy)
     if config.k:
         n = config.samples or config.k
         played = rollouts(policy, env, tasks, n=n, temperature=config.temperature, top_p=config.top_p,
