@@ -1,4 +1,5 @@
-"""`dataengine policy ...`: render prompts, sample replies, probe tool-call rates, fetch models."""
+"""`dataengine policy ...`: render prompts, sample replies, probe tool-call rates and gold-step
+probabilities, fetch models."""
 
 from __future__ import annotations
 
@@ -63,5 +64,35 @@ def register(app: typer.Typer) -> None:
             policy, generate_suite(suite, tasks, 0, seed=seed), k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
         )
         typer.echo(json.dumps(report, indent=1))
+
+    @policy_app.command("gold-steps")
+    def gold_steps_command(
+        suite: Annotated[str, typer.Option("--suite", help="Suite to draw tasks from.")] = "arithmetic",
+        model: Annotated[str, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder.")] = "smollm2",
+        tasks: Annotated[int, typer.Option("--tasks", min=1, help="Number of tasks.")] = 60,
+        split: Annotated[str, typer.Option("--split", help="train or heldout tasks.")] = "train",
+        level: Annotated[list[int] | None, typer.Option("--level", help="Difficulty level of the tasks (repeat; default all).")] = None,
+        seed: Annotated[int, typer.Option("--seed")] = 0,
+        fewshot: Annotated[bool, typer.Option("--fewshot/--no-fewshot", help="Include the worked examples.")] = True,
+        device: Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")] = "auto",
+    ) -> None:
+        """Print the policy's probability of each gold turn given the gold turns before it, per
+        difficulty level and step: where its path to a solution breaks."""
+        from dataengine.env import ToolEnv
+        from dataengine.gold_demo import gold_step_probabilities
+        from dataengine.policy import make_policy
+        from dataengine.suites import SUITE_MODULES, generate_suite
+        from dataengine.tools.sandbox import Sandbox
+
+        if suite not in SUITE_MODULES:
+            raise typer.BadParameter(f"unknown suite {suite!r}; known: {', '.join(SUITE_MODULES)}", param_hint="--suite")
+        if split not in ("train", "heldout"):
+            raise typer.BadParameter(f"split must be train or heldout, not {split!r}", param_hint="--split")
+        counts = (tasks, 0) if split == "train" else (0, tasks)
+        chosen = generate_suite(suite, *counts, seed=seed, levels=level or None)
+        policy = make_policy("hf", model, fewshot=fewshot, device=device)
+        with Sandbox(workers=1, preload=[suite]) as sandbox:
+            report = gold_step_probabilities(policy, ToolEnv(sandbox, max_steps=16), chosen)
+        typer.echo(json.dumps({"model": policy.model_id, "suite": suite, "split": split, **report}, indent=1))
 
     app.add_typer(policy_app, name="policy")
