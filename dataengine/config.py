@@ -77,6 +77,12 @@ class SearchConfig(Section):
         description="a widening round at a node whose candidates are all replies without a tool call (task with tools) "
         "samples after a forced '<tool_call>' tag, so the search tries acting where the policy only answers",
     )
+    widen_arguments: bool = Field(
+        False,
+        description="widening rounds at a node with tool-call candidates alternate with rounds that add argument "
+        "variants: the candidate calls with one numeric argument replaced by a number the user or a tool showed, "
+        "scored by the policy, most likely first (dataengine/search/variants.py)",
+    )
     max_actions: int = Field(
         16, ge=1, description="K_max: action slots per node when widening (never fewer than num_actions)"
     )

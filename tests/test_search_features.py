@@ -427,3 +427,91 @@ def test_transposition_key_keeps_the_order_of_user_turns(env, tasks):
 
     assert transposition_key(at(add, mul)) == transposition_key(at(mul, add))
     assert transposition_key(at(turn_end, mul)) != transposition_key(at(mul, turn_end))
+
+
+# ---------------------------------------------------------------- argument variants
+
+
+def test_argument_variants_swap_one_numeric_argument_for_a_number_the_conversation_shows():
+    from dataengine.parsing import parse_action
+    from dataengine.search.variants import argument_variants, context_numbers
+    from dataengine.types import Message
+
+    messages = [
+        Message(role="system", content="worked example: 99 and 98"),
+        Message(role="user", content="What is (1708 / 14) / 61? Reply with x2."),
+        Message(role="assistant", content=call("divide", 1708, 14)),
+        Message(role="tool", content='{"result": 122}'),
+    ]
+    # The tool's result first, then the question's numbers; not the system prompt's, not "x2".
+    assert context_numbers(messages) == [122, 1708, 14, 61]
+    texts = argument_variants(parse_action(call("divide", 122, 14)), context_numbers(messages))
+    keys = [parse_action(t).key() for t in texts]
+    assert parse_action(call("divide", 122, 61)).key() in keys
+    assert len(keys) == len(set(keys)) == 6  # a in {1708, 14, 61}, b in {122, 1708, 61}
+    assert all(t.startswith("<tool_call>{\"name\": \"divide\"") and t.endswith("</tool_call>") for t in texts)
+    # Booleans and strings are left alone; an answer has no variants.
+    flag = parse_action('<tool_call>{"name": "f", "arguments": {"x": true, "u": "km"}}</tool_call>')
+    assert argument_variants(flag, [1, 2]) == [] and argument_variants(parse_action("42"), [1, 2]) == []
+
+
+class ScoringRulePolicy(RulePolicy):
+    """RulePolicy that also scores: every continuation gets TOKENS tokens of log-prob -1 in all."""
+
+    def __init__(self, reply):
+        super().__init__(reply)
+        self.scored: list[str] = []
+
+    def score(self, convs, continuations, *, end_turn=True):
+        self.scored += list(continuations)
+        return [Sample(t, tuple(range(TOKENS)), (-1.0 / TOKENS,) * TOKENS, -1.0, TOKENS, "stop") for t in continuations]
+
+
+def test_argument_variants_reach_the_second_call_the_policy_gets_wrong(env):
+    """A two-call task: the policy makes the right first call, then always the second call with
+    a wrong operand (7), then answers the last tool result. Sampling never finds the right
+    second call; a variant round swaps the operand for a number the question shows, and the
+    search solves the task. The variant edges are marked, charged to the tree and stored with
+    origin widen_args."""
+    import re
+
+    task = next(t for t in generate_suite("arithmetic", n_train=40, n_heldout=0, seed=0) if len(t.gold.calls) == 2)
+    first, second = task.gold.calls
+    wrong = {**second.arguments, **{k: 7 for k, v in second.arguments.items() if str(v) in task.messages[-1].content}}
+    assert wrong != second.arguments
+
+    def text(c, args):
+        return f'<tool_call>{json.dumps({"name": c.name, "arguments": args})}</tool_call>'
+
+    def reply(conv, seed, i):
+        t = turn(conv)
+        if t == 0:
+            return text(first, first.arguments)
+        if t == 1:
+            return text(second, wrong)
+        return re.findall(r"-?\d+(?:\.\d+)?", conv.messages[-1].content)[-1]
+
+    def run(**overrides):
+        policy = ScoringRulePolicy(reply)
+        cfg = config(search__num_simulations=48, search__widen_tool_call=False, **overrides)
+        batch = search_batch([task], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        return batch, policy
+
+    off, policy = run()
+    assert not batch_success(off) and not policy.scored
+    on, policy = run(search__widen_arguments=True)
+    assert batch_success(on) and policy.scored
+    solved = next(n for n in on.table.nodes if n.success)
+    path = [on.table[h] for h in on.table.path(on.table.nodes.index(solved))]
+    assert any(n.edge is not None and n.edge.variant for n in path)
+    rounds = [rd for n in on.table.nodes for rd in n.widen_rounds]
+    assert any(rd.variants and not rd.samples for rd in rounds)
+    # Variant rounds alternate with sampling rounds at a node.
+    for n in on.table.nodes:
+        kinds = [bool(rd.variants) for rd in n.widen_rounds]
+        assert all(not (a and b) for a, b in zip(kinds, kinds[1:]))
+    added = sum(rd.variants for rd in rounds)
+    assert on.counters.variant_edges == added and on.counters.variant_tokens == TOKENS * added
+    assert on.budget.total == policy.stats.generated_tokens + TOKENS * added
+    rows, _ = batch_rows(on, policy.model_id)
+    assert sum(r["origin"] == "widen_args" for r in rows) == sum(n.edge is not None and n.edge.variant for n in on.table.nodes) > 0

@@ -39,7 +39,7 @@ import torch
 import mcts
 from dataengine.config import PolicyConfig, SearchConfig
 from dataengine.env import EnvState, ToolEnv
-from dataengine.parsing import OPEN_TAG
+from dataengine.parsing import OPEN_TAG, parse_action
 from dataengine.policy.base import Conversation, Policy
 from dataengine.search.budget import TokenBudget
 from dataengine.search.nodes import (
@@ -53,6 +53,7 @@ from dataengine.search.nodes import (
     transposition_key,
     widen_cap,
 )
+from dataengine.search.variants import argument_variants, context_numbers
 from dataengine.types import Task, stable_hash
 from dataengine.values import AICritic, RolloutValue, mix_q
 from dataengine.verifiers.composite import CompositeReward
@@ -76,6 +77,8 @@ class ExpandCounters:
     for expansions, widening and rollouts; env_seconds / verify_seconds / value_seconds: wall
     time in env steps, verifiers and value estimation (model time inside value estimation
     included); widen_rounds / widened_edges: widening rounds run and edges they added;
+    scored_variants / variant_edges / variant_tokens: argument variants scored, added as edges,
+    and the tokens of the added ones (charged to the trees' budgets like sampled tokens);
     transpositions: nodes equal to an earlier node of their tree; values_reused: value
     estimates taken from such a node instead of estimated.
     """
@@ -87,6 +90,9 @@ class ExpandCounters:
     generated_tokens: int = 0
     widen_rounds: int = 0
     widened_edges: int = 0
+    scored_variants: int = 0
+    variant_edges: int = 0
+    variant_tokens: int = 0
     transpositions: int = 0
     values_reused: int = 0
     env_seconds: float = 0.0
@@ -347,11 +353,13 @@ class LLMExpander:
             last = node.widen_rounds[-1].cap if node.widen_rounds else 0
             if len(node.edges) < cap and cap > last:
                 picks.append((i, j, node, n, cap))
+        ranked: list[tuple[SearchNode, list]] = []
+        if self.search.widen_arguments:
+            picks = self._add_variants(picks, logits, widened, ranked)
         groups: dict[tuple[int, str], list[tuple[int, int, SearchNode, int, int]]] = {}
         for pick in picks:
             count = min(self.num_samples, pick[4] - len(pick[2].edges))
             groups.setdefault((count, self._widen_prefix(pick[2])), []).append(pick)
-        ranked: list[tuple[SearchNode, list]] = []
         for count, prefix in sorted(groups):
             group = groups[count, prefix]
             rounds = [len(node.widen_rounds) + 1 for _, _, node, _, _ in group]
@@ -389,6 +397,69 @@ class LLMExpander:
                 for edge, value in zip(added, score.scores):
                     edge.critic_score = value
         return mcts.WidenOutput(prior_logits=logits, widened=widened)
+
+    def _add_variants(
+        self,
+        picks: list[tuple[int, int, SearchNode, int, int]],
+        logits: torch.Tensor,
+        widened: torch.Tensor,
+        ranked: list[tuple[SearchNode, list]],
+    ) -> list[tuple[int, int, SearchNode, int, int]]:
+        """Variant rounds (`widen_arguments`): at each picked node whose last round was not a
+        variant round, add the most likely unused argument variants of its tool-call edges
+        (up to the cap, at most num_actions) instead of sampling. New variants are scored in
+        one `policy.score` call and kept in the node's pool; only added ones are charged to
+        the tree (their tokens stand in for sampled ones). Returns the picks left to sample."""
+        fresh: list[tuple[SearchNode, str, str]] = []
+        for _, _, node, _, _ in picks:
+            if node.widen_rounds and node.widen_rounds[-1].variants:
+                continue
+            keys = {e.action.key() for e in node.edges} | set(node.variant_pool)
+            numbers = context_numbers(node.state.messages)
+            for edge in node.edges:
+                source = edge.action.key()
+                if not edge.action.tool_calls or source in node.variant_sources:
+                    continue
+                node.variant_sources.add(source)
+                for text in argument_variants(edge.action, numbers):
+                    key = parse_action(text).key()
+                    if key not in keys:
+                        keys.add(key)
+                        fresh.append((node, key, text))
+        if fresh:
+            scored = self.policy.score([Conversation(n.state.messages, n.state.task.tools) for n, _, _ in fresh], [t for _, _, t in fresh])
+            self.counters.scored_variants += len(fresh)
+            for (node, key, _), sample in zip(fresh, scored):
+                node.variant_pool[key] = sample
+        rest = []
+        for pick in picks:
+            i, j, node, n, cap = pick
+            last_was_variant = bool(node.widen_rounds and node.widen_rounds[-1].variants)
+            # Most likely first; sorted() is stable, so ties keep the pool's (deterministic) order.
+            pool = sorted(node.variant_pool.items(), key=lambda kv: -kv[1].mean_logprob)
+            take = pool[: min(self.num_samples, cap - len(node.edges))]
+            if last_was_variant or not take:
+                rest.append(pick)
+                continue
+            r = len(node.widen_rounds) + 1
+            before = len(node.edges)
+            added = []
+            for key, sample in take:
+                del node.variant_pool[key]
+                edge = merge_samples([sample], prior=self.prior)[0]
+                edge.round, edge.variant = r, True
+                node.edges.append(edge)
+                added.append(edge)
+                self.budget.charge(node.tree, sample.num_tokens)
+                self.counters.variant_tokens += sample.num_tokens
+            node.widen_rounds.append(WidenRound(r, n, cap, len(node.children), before, len(node.edges), 0, False, len(added)))
+            self.counters.widen_rounds += 1
+            self.counters.widened_edges += len(added)
+            self.counters.variant_edges += len(added)
+            ranked.append((node, added))
+            logits[i, j] = torch.tensor(prior_logits(node.edges, self.k))
+            widened[i, j] = True
+        return rest
 
     def _widen_prefix(self, node: SearchNode) -> str:
         """The tool-call tag when every candidate so far is a reply without a tool call and the

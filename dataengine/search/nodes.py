@@ -35,6 +35,8 @@ class Edge:
     round: widening round that added the edge (0: the node's first K samples).
     forced: the edge came from a tool-call widening round (sampled after a forced tool-call
         opening tag, `SearchConfig.widen_tool_call`).
+    variant: the edge is an argument variant of another edge (`search.variants`), scored by
+        the policy instead of sampled (`SearchConfig.widen_arguments`).
     """
 
     action: Action
@@ -44,6 +46,7 @@ class Edge:
     critic_score: float | None = None
     round: int = 0
     forced: bool = False
+    variant: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,9 @@ class WidenRound:
     round: 1, 2, ... at this node. visits: N(s) when it ran. cap: k(N) = ceil(c * N^alpha),
     bounded by the action slots. expanded: edges that had a child then (all of them: the node
     was exhausted). edges_before, edges_after: candidate edges before and after the round.
-    samples: fresh samples drawn (cap - edges_before, at most num_actions).
+    samples: fresh samples drawn (cap - edges_before, at most num_actions; 0 in a variant round).
     forced: the samples were drawn after a forced tool-call opening tag.
+    variants: argument variants added instead of samples (a variant round).
     """
 
     round: int
@@ -65,6 +69,7 @@ class WidenRound:
     edges_after: int
     samples: int
     forced: bool = False
+    variants: int = 0
 
 
 @dataclass
@@ -87,6 +92,8 @@ class SearchNode:
         (`transposition_key`), whose value estimate this node reused; None otherwise.
     solved_below: a successful terminal node lies in this node's subtree.
     widen_rounds: the widening rounds done here (`WidenRound`, in order).
+    variant_pool: argument variants of this node's edges, scored and not yet added (action
+        key -> sample); variant_sources: keys of the edges whose variants are in the pool or added.
     """
 
     tree: int
@@ -106,16 +113,20 @@ class SearchNode:
     transposition_of: int | None = None
     solved_below: bool = False
     widen_rounds: list[WidenRound] = field(default_factory=list)
+    variant_pool: dict[str, Sample] = field(default_factory=dict)
+    variant_sources: set[str] = field(default_factory=set)
 
     @property
     def origin(self) -> str:
         """What produced the node: "root", "expand" (an edge of the parent's first K samples),
-        "widen" (an edge a widening round added at the parent) or "widen_tool" (one a tool-call
-        widening round added)."""
+        "widen" (an edge a widening round added at the parent), "widen_tool" (one a tool-call
+        widening round added) or "widen_args" (an argument variant a widening round added)."""
         if self.edge is None:
             return "root"
         if self.edge.round == 0:
             return "expand"
+        if self.edge.variant:
+            return "widen_args"
         return "widen_tool" if self.edge.forced else "widen"
 
 

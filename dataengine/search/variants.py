@@ -1,0 +1,74 @@
+"""Argument variants: tool calls that differ from a candidate in one numeric argument, the new
+value taken from a number the conversation shows (the user's turns or a tool's output).
+
+Why: a small policy chaining two calls mostly picks the wrong operand for the second call
+(`divide(122, 14)` for `(1708 / 14) / 61`, where 122 is the first call's result); the right
+call has a probability near 1e-3, out of reach of sampling at any budget a CPU affords, but it
+is one substitution away from what the policy wrote. Variants only recombine values the episode
+already shows: nothing is read from the task's gold, and the verifiers still judge every
+episode. The search scores each variant with the policy (`Policy.score`) and adds the most
+likely ones at a widening round (`SearchConfig.widen_arguments`), so they enter the tree with
+their real log-probs as priors and as behaviour log-probs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from dataengine.parsing import CLOSE_TAG, OPEN_TAG, RESPONSE_TAG
+from dataengine.types import Action, Message, ToolCall
+
+# A number not glued to a word or to another number's digits ("x2", "3.5.1" give nothing odd).
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
+MAX_NUMBERS = 12  # distinct context numbers considered, the most recent first
+MAX_VARIANTS = 32  # variants of one candidate action
+
+
+def context_numbers(messages: Sequence[Message], limit: int = MAX_NUMBERS) -> list[int | float]:
+    """Distinct numbers in the user and tool turns, most recent turn first (a tool's fresh
+    result is the likeliest next operand), in reading order within a turn."""
+    seen: dict[str, int | float] = {}
+    for message in reversed(messages):
+        if message.role not in ("user", "tool"):
+            continue
+        for literal in NUMBER.findall(message.content or ""):
+            value: int | float = float(literal) if "." in literal else int(literal)
+            key = json.dumps(value)
+            if key not in seen:
+                seen[key] = value
+                if len(seen) >= limit:
+                    return list(seen.values())
+    return list(seen.values())
+
+
+def call_text(calls: Sequence[ToolCall]) -> str:
+    """The calls as the worked examples write them: `<tool_call>{"name": ..., "arguments": ...}</tool_call>`."""
+    blocks = []
+    for call in calls:
+        body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+        for tag in (OPEN_TAG, CLOSE_TAG, RESPONSE_TAG):  # a tag inside a string would end the block
+            body = body.replace(tag, "\\u003c" + tag[1:])
+        blocks.append(f"{OPEN_TAG}{body}{CLOSE_TAG}")
+    return "\n".join(blocks)
+
+
+def argument_variants(action: Action, numbers: Sequence[int | float], limit: int = MAX_VARIANTS) -> list[str]:
+    """Texts of the actions that replace one numeric top-level argument of one of `action`'s
+    calls by another of `numbers` (in call, argument, number order); none for an action
+    without calls. Booleans are not numbers here."""
+    out: list[str] = []
+    for c, call in enumerate(action.tool_calls):
+        for name, current in call.arguments.items():
+            if isinstance(current, bool) or not isinstance(current, (int, float)):
+                continue
+            for value in numbers:
+                if value == current:
+                    continue
+                changed = ToolCall(name=call.name, arguments={**call.arguments, name: value})
+                calls = [*action.tool_calls[:c], changed, *action.tool_calls[c + 1 :]]
+                out.append(call_text(calls))
+                if len(out) >= limit:
+                    return out
+    return out
