@@ -79,6 +79,10 @@ def test_a_run_refuses_a_second_shard_layout(tmp_path, env, tiny, tasks):
         generate(config(tmp_path / "store", shard_size=4), tasks=tasks, run_id="r1", policy=tiny, env=env,
                  progress=False)
     assert tiny.stats.sequences == sequences  # refused before any sampling
+    # ... and before the policy loads: a model folder that does not exist is never opened.
+    with pytest.raises(StoreError, match="'r1' was written with other settings"):
+        generate(config(tmp_path / "store", policy__model=str(tmp_path / "no-model")), tasks=tasks, run_id="r1",
+                 env=env, progress=False)
     assert store.committed_shards("tasks", "r1") == {"tasks-000000-000001"}
     assert store.nodes().collect().height == before == first.nodes
     # A second writer's shard (checked again right before its commit) that holds a stored task.
@@ -101,6 +105,10 @@ def test_a_run_id_refuses_other_settings(tmp_path, env, tiny, tasks):
         generate(config(tmp_path / "store", search__num_simulations=2), tasks=tasks, run_id="r1", policy=tiny,
                  env=env, progress=False)
     assert tiny.stats.sequences == sequences  # refused before any sampling
+    # ... and before the policy loads: a model folder that does not exist is never opened.
+    with pytest.raises(StoreError, match="'r1' was written with other settings"):
+        generate(config(tmp_path / "store", policy__model=str(tmp_path / "no-model")), tasks=tasks, run_id="r1",
+                 env=env, progress=False)
     assert store.committed_shards("tasks", "r1") == {"tasks-000000-000001"}
     assert store.runs().collect().to_dicts() == run  # the lineage row still names the first settings
     # The task count is not a setting a run must keep (a run is extended by more tasks).

@@ -373,8 +373,8 @@ def generate(config: EngineConfig, *, tasks: Sequence[Task] | None = None, run_i
         if not todo:
             summary.seconds = time.perf_counter() - started
             return summary
+        plan.check_resume(res.store)  # before the policy loads: a refused resume fails in seconds
         model_before = res.policy.stats.seconds
-        plan.check_resume(res.store)
         record_generate_run(res.store, config, plan, model_id=res.policy.model_id,
                             verifier_versions=res.reward.versions())
         with Progress(sum(len(s.tasks) for s in todo), config.generate.method, enabled=progress) as bar:
