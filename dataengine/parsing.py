@@ -237,6 +237,12 @@ def render_tool_calls(calls: list[ToolCall]) -> str:
     return "\n".join(f"{OPEN_TAG}\n{_call_json(c)}\n{CLOSE_TAG}" for c in calls)
 
 
+def render_inline_calls(calls: list[ToolCall]) -> str:
+    """The calls as the worked examples write them: `<tool_call>{json}</tool_call>` per call, no
+    inner newlines, newline-separated."""
+    return "\n".join(f"{OPEN_TAG}{_call_json(c)}{CLOSE_TAG}" for c in calls)
+
+
 def _call_json(call: ToolCall) -> str:
     text = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     # A tag inside a JSON string would end the block early: write its "<" as a JSON escape.

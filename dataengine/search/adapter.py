@@ -412,7 +412,7 @@ class LLMExpander:
         the tree (their tokens stand in for sampled ones). Returns the picks left to sample."""
         fresh: list[tuple[SearchNode, str, str]] = []
         for _, _, node, _, _ in picks:
-            if node.widen_rounds and node.widen_rounds[-1].variants:
+            if _last_round_added_variants(node):
                 continue
             keys = {e.action.key() for e in node.edges} | set(node.variant_pool)
             numbers = context_numbers(node.state.messages)
@@ -434,7 +434,7 @@ class LLMExpander:
         rest = []
         for pick in picks:
             i, j, node, n, cap = pick
-            last_was_variant = bool(node.widen_rounds and node.widen_rounds[-1].variants)
+            last_was_variant = _last_round_added_variants(node)
             # Most likely first; sorted() is stable, so ties keep the pool's (deterministic) order.
             pool = sorted(node.variant_pool.items(), key=lambda kv: -kv[1].mean_logprob)
             take = pool[: min(self.num_samples, cap - len(node.edges))]
@@ -572,3 +572,8 @@ class LLMExpander:
         cap = self.search.process_reward_cap
         r, verdicts = self.reward.step_reward(node.state.task, node.state.steps[-1])
         return max(-cap, min(cap, r)) / self.search.max_depth, verdicts
+
+
+def _last_round_added_variants(node: SearchNode) -> bool:
+    """Variant rounds alternate with sampled ones: a node whose last round added variants samples next."""
+    return bool(node.widen_rounds and node.widen_rounds[-1].variants)

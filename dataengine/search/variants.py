@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from dataengine.parsing import CLOSE_TAG, OPEN_TAG, RESPONSE_TAG
+from dataengine.parsing import render_inline_calls
 from dataengine.types import Action, Message, ToolCall
 
 # A number not glued to a word or to another number's digits ("x2", "3.5.1" give nothing odd).
@@ -43,17 +43,6 @@ def context_numbers(messages: Sequence[Message], limit: int = MAX_NUMBERS) -> li
     return list(seen.values())
 
 
-def call_text(calls: Sequence[ToolCall]) -> str:
-    """The calls as the worked examples write them: `<tool_call>{"name": ..., "arguments": ...}</tool_call>`."""
-    blocks = []
-    for call in calls:
-        body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
-        for tag in (OPEN_TAG, CLOSE_TAG, RESPONSE_TAG):  # a tag inside a string would end the block
-            body = body.replace(tag, "\\u003c" + tag[1:])
-        blocks.append(f"{OPEN_TAG}{body}{CLOSE_TAG}")
-    return "\n".join(blocks)
-
-
 def argument_variants(action: Action, numbers: Sequence[int | float], limit: int = MAX_VARIANTS) -> list[str]:
     """Texts of the actions that replace one numeric top-level argument of one of `action`'s
     calls by another of `numbers` (in call, argument, number order); none for an action
@@ -68,7 +57,7 @@ def argument_variants(action: Action, numbers: Sequence[int | float], limit: int
                     continue
                 changed = ToolCall(name=call.name, arguments={**call.arguments, name: value})
                 calls = [*action.tool_calls[:c], changed, *action.tool_calls[c + 1 :]]
-                out.append(call_text(calls))
+                out.append(render_inline_calls(calls))
                 if len(out) >= limit:
                     return out
     return out
