@@ -190,9 +190,10 @@ def batched(
     return b * num_simulations / elapsed, out.search_tree.children_visits[:, 0].cpu()
 
 
-def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, repeats: int) -> float | None:
+def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, repeats: int, device: str) -> float | None:
     """Best of `repeats` simulations/s of DeepMind's mctx (JAX, jit) on the same environment, or None without mctx.
 
+    JAX runs on the same kind of device as ours (its GPU for cuda, else its CPU), timed by the same clock.
     The environment is SyntheticEnv's hash written in jax.numpy (int64, so x64 is switched on);
     the search is mctx's own muzero_policy (no root noise) or gumbel_muzero_policy. mctx has no
     terminal nodes and masks invalid actions at the root only, so its trees are not ours: the
@@ -201,6 +202,8 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
     # One XLA thread, as torch gets one (--threads 1): set before jax first loads.
     os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen={'false' if torch.get_num_threads() == 1 else 'true'} "
                           f"intra_op_parallelism_threads={torch.get_num_threads()}")
+    os.environ.setdefault("JAX_PLATFORMS", "cuda" if device.startswith("cuda") else "cpu")
+    clock = time.perf_counter if device.startswith("cuda") else CLOCK
     try:
         import jax
         import jax.numpy as jnp
@@ -262,9 +265,9 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
     jax.block_until_ready(run(root, key))  # compile
     best = 0.0
     for _ in range(repeats):
-        start = CLOCK()
+        start = clock()
         out = jax.block_until_ready(run(root, key))
-        best = max(best, b * num_simulations / (CLOCK() - start))
+        best = max(best, b * num_simulations / (clock() - start))
     assert out.action.shape == (b,)
     return best
 
@@ -335,7 +338,7 @@ def main() -> None:
             n = min(b, len(base_visits))
             same = sum(visits[i].tolist() == base_visits[i] for i in range(n))
             line += f"  (root visits equal to baseline in {same}/{n} trees)"
-        peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats) if leaves == 1 else None
+        peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats, device) if leaves == 1 else None
         if peer is not None:
             line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"
         print(line)

@@ -112,7 +112,7 @@ def run_generate(policy, rounds, k, max_new_tokens, copy_k: bool):
     with torch.inference_mode():
         for states in rounds:
             prompts = [policy.encode(c) for c in states]
-            ids, mask = _left_pad(prompts, tok.pad_token_id)
+            ids, mask = (t.to(model.device) for t in _left_pad(prompts, tok.pad_token_id))
             kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
                           eos_token_id=policy.eos_ids, pad_token_id=tok.pad_token_id)
             if copy_k:
@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8, help="K: samples per expansion")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto (cuda when present)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and activations")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; --quick: 1)")
     parser.add_argument("--quick", action="store_true", help="tiny model, B=2, K=2, 8 tokens, 1 thread (a smoke test)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
@@ -159,11 +161,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = build_states(args.trees)
-    new = HFPolicy.load(args.model)
+    new = HFPolicy.load(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     old = legacy_policy_class()(new.model, new.tokenizer)
     expansions = sum(len(r) for r in rounds)
     prompt_tokens = [len(new.encode(c)) for r in rounds for c in r]
-    print(f"model={args.model} threads={torch.get_num_threads()} trees={args.trees} K={args.k} "
+    print(f"model={args.model} device={new.device} "
+          f"dtype={args.dtype} threads={torch.get_num_threads()} trees={args.trees} K={args.k} "
           f"max_new_tokens={args.max_new_tokens} expansions={expansions} "
           f"prompt tokens mean={sum(prompt_tokens) / len(prompt_tokens):.0f}", flush=True)
 

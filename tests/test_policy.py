@@ -24,9 +24,14 @@ ADD = ToolSpec(
 QUESTIONS = ["What is 17 plus 25?", "Add 3 and 4.", "What is 100 plus 250, please?"]
 
 
-@pytest.fixture(scope="module")
-def policy() -> HFPolicy:
-    return make_policy("hf", "tiny")
+# CUDA runs the same tests where a GPU is present (CI has none: the device runs are recorded in
+# docs/policy.md).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def policy(request) -> HFPolicy:
+    return make_policy("hf", "tiny", device=request.param)
 
 
 def convs() -> list[Conversation]:
@@ -49,7 +54,7 @@ def reference_logprobs(policy: HFPolicy, conv: Conversation, token_ids) -> list[
     """Log-probs from one plain full forward, no cache, no padding."""
     prompt = policy.encode(conv)
     with torch.no_grad():
-        logits = policy.model(torch.tensor([prompt + list(token_ids)])).logits[0].float()
+        logits = policy.model(torch.tensor([prompt + list(token_ids)], device=policy.device)).logits[0].float()
     logp = torch.log_softmax(logits, -1)
     return [logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(token_ids)]
 
@@ -116,6 +121,10 @@ def test_outputs_independent_of_earlier_calls_and_batch(policy):
     """Issue 19.8: the same conversations give bit-identical token ids and log-probs after other
     calls filled the cache, in another batch composition, in other decode chunks, with or without
     the cache; so a resumed run equals an uninterrupted one."""
+    if policy.device.type == "cuda":
+        # Measured on an H200 (docs/policy.md): cuBLAS picks kernels by shape, so other batch
+        # compositions give other bits. The contract is the CPU's.
+        pytest.xfail("bit-identity across batch compositions holds on CPU (MKL), not on CUDA")
     targets = [convs()[0], child_of(convs()[1])]
     seeds = [11, 12]
     first = HFPolicy(policy.model, policy.tokenizer).sample(targets, 3, max_new_tokens=12, seed=seeds)
@@ -180,7 +189,7 @@ def test_greedy_is_deterministic_argmax(policy):
     ref = reference_logprobs(policy, convs()[0], s[0].token_ids[:1])
     prompt = policy.encode(convs()[0])
     with torch.no_grad():
-        first = policy.model(torch.tensor([prompt])).logits[0, -1].argmax().item()
+        first = policy.model(torch.tensor([prompt], device=policy.device)).logits[0, -1].argmax().item()
     assert s[0].token_ids[0] == first and ref[0] <= 0
 
 
