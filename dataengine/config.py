@@ -54,8 +54,17 @@ class SearchConfig(Section):
     pb_c_base: float = Field(19652.0, description="PUCT c2")
     dirichlet_alpha: float = Field(0.3, gt=0, description="root noise concentration")
     dirichlet_fraction: float = Field(0.25, ge=0, le=1, description="root noise weight")
-    value: Literal["rollout", "critic", "value_model", "zero"] = Field(
-        "rollout", description="value estimate for non-terminal leaves"
+    value: Literal["rollout", "critic", "value_model", "zero", "reference"] = Field(
+        "rollout",
+        description="value estimate for non-terminal leaves; 'reference' is oracle-assisted (progress along the "
+        "task's reference calls, for labelled training tasks only)",
+    )
+    objective: Literal["composite", "success"] = Field(
+        "composite",
+        description="what the tree backs up at an episode's end and what rollouts score: the composite reward "
+        "(success plus capped shaping less the syntax penalty; rows store it either way) or success alone (1 or 0). "
+        "Under composite a wrong final answer earns up to 0.15 of shaping, more than an unexplored continuation's "
+        "zero value, which pulls multi-call searches towards answering early",
     )
     critic_mix: float = Field(
         1.0, ge=0, le=1, description="a in Q = a*Q_mcts + (1-a)*Q_critic (1 = no critic)"

@@ -10,6 +10,9 @@
   on the backed-up values of searched nodes (`store_q_targets`, `fit_value_head`; the command is
   `dataengine train value`). It renders states with the policy's own `encode` at fit and use,
   and refuses a policy whose model or tokenizer differs from the one it was fitted over.
+- `reference_progress`: oracle-assisted, for labelled training tasks only: how far the episode
+  so far follows the task's reference calls, in order (the same call check as the arguments
+  verifier). It reads the gold, so it never serves held-out evaluation.
 - `mix_q`: Q = a * Q_mcts + (1 - a) * Q_critic (SearchConfig.critic_mix is `a`).
 """
 
@@ -115,6 +118,26 @@ CRITIC_SYSTEM = (
     "conversation so far, and candidate next replies labelled with letters. Answer with the "
     "letter of the best candidate only."
 )
+
+
+def reference_progress(task: Task, calls: Sequence[Any]) -> float:
+    """matched / (number of reference calls + 1): the leading calls that equal the task's
+    reference calls one by one (BFCL's call check, `verifiers.arguments.check_call`), counted
+    until the first that does not; the + 1 is the final answer still to come, so only a verified
+    success reaches 1. A call beyond the reference, or a task without reference calls, adds
+    nothing (0 for the latter)."""
+    from dataengine.verifiers.arguments import check_call, gold_acceptable
+
+    gold = gold_acceptable(task)
+    if not gold:
+        return 0.0
+    schemas = {t.name: t.parameters for t in task.tools}
+    matched = 0
+    for call, (name, acceptable) in zip(calls, gold):
+        if not check_call(schemas.get(name, {"properties": {}, "required": []}), call, name, acceptable).valid:
+            break
+        matched += 1
+    return matched / (len(gold) + 1)
 
 
 @dataclass(frozen=True)

@@ -374,7 +374,7 @@ def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
 @pytest.mark.parametrize(
     "field, value",
     [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
-     ("solved_policy", "stop"), ("widen_tool_call", False)],
+     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success")],
 )
 def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
     base = EngineConfig()
@@ -515,3 +515,105 @@ def test_argument_variants_reach_the_second_call_the_policy_gets_wrong(env):
     assert on.budget.total == policy.stats.generated_tokens + TOKENS * added
     rows, _ = batch_rows(on, policy.model_id)
     assert sum(r["origin"] == "widen_args" for r in rows) == sum(n.edge is not None and n.edge.variant for n in on.table.nodes) > 0
+
+
+# ---------------------------------------------------------------- search objective
+
+
+def test_success_objective_backs_up_success_and_rows_keep_the_composite_reward(env, tasks):
+    """Every episode ends in a well-formed wrong answer. The composite reward pays it shaping
+    (> 0), which the tree backs up under objective "composite"; under "success" the tree sees 0
+    everywhere, while the node rows store the same composite rewards in both runs."""
+
+    def reply(conv, seed, i):
+        return str(1000 + i)
+
+    out = {}
+    for objective in ("composite", "success"):
+        cfg = config(search__objective=objective)
+        batch = search_batch(tasks[:1], policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        assert not batch_success(batch)
+        out[objective] = batch_rows(batch, "rules@0")[0]
+    composite, success = out["composite"], out["success"]
+    terminal = [r for r in composite if r["terminal"]]
+    assert terminal and all(r["reward"] > 0 for r in terminal)
+    assert [r["reward"] for r in success] == [r["reward"] for r in composite]
+    assert max(r["q"] for r in composite) > 0
+    assert all(r["q"] == 0 for r in success)
+
+
+def test_success_objective_scores_rollouts_by_success(env, tasks):
+    from dataengine.search.adapter import LeafValue
+
+    task = tasks[0]
+    gold_answer = task.gold.answer
+
+    def run(reply, objective):
+        cfg = config()
+        values = LeafValue("rollout", policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env),
+                           max_new_tokens=4, temperature=1.0, rollouts=2, objective=objective)
+        return values.estimate([env.reset(task)])[0]
+
+    calls = task.gold.calls
+
+    def right(conv, seed, i):
+        t = turn(conv)
+        if t < len(calls):
+            return f'<tool_call>{json.dumps({"name": calls[t].name, "arguments": calls[t].arguments})}</tool_call>'
+        return str(gold_answer)
+
+    wrong = lambda conv, seed, i: "-1"  # noqa: E731
+    assert run(wrong, "composite") > 0 and run(wrong, "success") == 0
+    assert run(right, "success") == 1.0
+
+
+# ---------------------------------------------------------------- reference value (oracle-assisted)
+
+
+def test_reference_progress_counts_leading_reference_calls():
+    from dataengine.types import ToolCall
+    from dataengine.values import reference_progress
+
+    task = next(t for t in generate_suite("arithmetic", n_train=40, n_heldout=0, seed=0) if len(t.gold.calls) == 2)
+    first, second = task.gold.calls
+    wrong = ToolCall(name=second.name, arguments={k: 7 for k in second.arguments})
+    assert reference_progress(task, []) == 0
+    assert reference_progress(task, [first]) == pytest.approx(1 / 3)
+    assert reference_progress(task, [first, second]) == pytest.approx(2 / 3)
+    assert reference_progress(task, [first, wrong]) == pytest.approx(1 / 3)
+    assert reference_progress(task, [wrong, second]) == 0
+    assert reference_progress(task, [first, second, wrong]) == pytest.approx(2 / 3)
+    notool = generate_suite("notool", n_train=1, n_heldout=0, seed=0)[0]
+    assert not notool.gold.calls and reference_progress(notool, []) == 0
+
+
+def test_reference_value_rates_nodes_by_progress_along_the_reference_calls(env):
+    """Leaf value "reference": the node after the right first call is worth 1/3 of a success, a
+    node after a wrong first call 0; the search that uses it solves the task."""
+    import re
+
+    task = next(t for t in generate_suite("arithmetic", n_train=40, n_heldout=0, seed=0) if len(t.gold.calls) == 2)
+    first, second = task.gold.calls
+
+    def text(c, args):
+        return f'<tool_call>{json.dumps({"name": c.name, "arguments": args})}</tool_call>'
+
+    def reply(conv, seed, i):
+        t = turn(conv)
+        if t == 0:
+            return text(first, first.arguments) if i == 1 else text(first, {k: 7 for k in first.arguments})
+        if t == 1:
+            return text(second, second.arguments) if i == 1 else "0"
+        return re.findall(r"-?\d+(?:\.\d+)?", conv.messages[-1].content)[-1]
+
+    cfg = config(search__value="reference", search__objective="success", search__num_simulations=12)
+    batch = search_batch([task], policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+    assert batch_success(batch)
+    by_calls = {}
+    for n in batch.table.nodes:
+        calls = tuple(json.dumps(c.model_dump(), sort_keys=True) for s in n.state.steps for c in s.action.tool_calls)
+        if not n.terminal and len(calls) == 1:
+            by_calls[calls[0]] = n.value_estimate
+    right = json.dumps(first.model_dump(), sort_keys=True)
+    assert by_calls[right] == pytest.approx(1 / 3)
+    assert [v for k, v in by_calls.items() if k != right] == [0.0]

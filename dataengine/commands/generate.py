@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, typer.Option("--seed", help="Seed of tasks, sampling and search (config.seed).")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id; a rerun with the same id skips committed shards. Default: a hash of config, method and tasks.")] = None,
         algorithm: Annotated[str | None, typer.Option("--algorithm", help="puct | uct | gumbel (config.search.algorithm).")] = None,
-        value: Annotated[str | None, typer.Option("--value", help="Leaf value: rollout | critic | value_model | zero (config.search.value).")] = None,
+        value: Annotated[str | None, typer.Option("--value", help="Leaf value: rollout | critic | value_model | zero | reference (config.search.value; reference is oracle-assisted: progress along the task's reference calls).")] = None,
         critic_mix: Annotated[float | None, typer.Option("--critic-mix", help="a in a*V + (1-a)*critic (1 = no critic).")] = None,
         max_depth: Annotated[int | None, typer.Option("--max-depth", min=1, help="Deepest node (assistant turns).")] = None,
         max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Generated-token budget per task.")] = None,

@@ -55,7 +55,7 @@ from dataengine.search.nodes import (
 )
 from dataengine.search.variants import argument_variants, context_numbers
 from dataengine.types import Task, stable_hash
-from dataengine.values import AICritic, RolloutValue, mix_q
+from dataengine.values import AICritic, RolloutValue, mix_q, reference_progress
 from dataengine.verifiers.composite import CompositeReward
 
 # Rollouts use another seed than expansions of the same state, so rollout i is not candidate i.
@@ -100,13 +100,21 @@ class ExpandCounters:
     value_seconds: float = 0.0
 
 
+def search_return(reward: CompositeReward, result: Any, objective: str) -> float:
+    """What a finished episode is worth to the search: its composite reward, or under objective
+    "success" the success weight if it succeeded and 0 if not."""
+    return reward.weights.success * float(result.success) if objective == "success" else result.reward
+
+
 class LeafValue:
     """Value estimates of non-terminal states: `estimate(states) -> [len(states)]` floats.
 
     kind: "zero", "rollout" (mean composite reward of `rollouts` policy rollouts of at most
-    `rollout_steps` turns) or "value_model" (`value_model.predict`). "critic" estimates 0 here:
-    the critic score of the edge is mixed in by the adapter (with weight 1 - a, or fully when
-    the value kind is "critic").
+    `rollout_steps` turns; their mean success under objective "success") or "value_model"
+    (`value_model.predict`) or "reference" (oracle-assisted: `reference_progress` along the
+    task's reference calls, in units of the success weight). "critic" estimates 0 here: the
+    critic score of the edge is mixed in by the adapter (with weight 1 - a, or fully when the
+    value kind is "critic").
     """
 
     def __init__(
@@ -122,19 +130,21 @@ class LeafValue:
         rollout_steps: int = 4,
         value_model: Any = None,
         seed: int = 0,
+        objective: str = "composite",
     ) -> None:
-        if kind not in ("zero", "rollout", "critic", "value_model"):
-            raise ValueError(f"unknown value estimate {kind!r}; choose zero, rollout, critic or value_model")
+        if kind not in ("zero", "rollout", "critic", "value_model", "reference"):
+            raise ValueError(f"unknown value estimate {kind!r}; choose zero, rollout, critic, value_model or reference")
         if kind == "value_model" and value_model is None:
             raise ValueError("value estimate 'value_model' needs a fitted ValueModel (value_model=...)")
         self.kind = kind
         self.value_model = value_model
+        self.success = reward.weights.success
         self.rollout = None
         if kind == "rollout":
             self.rollout = RolloutValue(
                 policy,
                 env,
-                lambda episode: reward.score(episode).reward,
+                lambda episode: search_return(reward, reward.score(episode), objective),
                 rollouts=rollouts,
                 max_steps=rollout_steps,
                 max_new_tokens=max_new_tokens,
@@ -149,6 +159,11 @@ class LeafValue:
             return [0.0] * len(states)
         if self.kind == "rollout":
             return [e.value for e in self.rollout.estimate(states)]  # type: ignore[union-attr]
+        if self.kind == "reference":
+            return [
+                self.success * reference_progress(s.task, [c for step in s.steps for c in step.action.tool_calls])
+                for s in states
+            ]
         convs = [Conversation(s.messages, s.task.tools) for s in states]
         return [float(v) for v in self.value_model.predict(convs)]
 
@@ -209,6 +224,7 @@ class LLMExpander:
             rollouts=rollouts,
             value_model=value_model,
             seed=seed,
+            objective=search.objective,
         )
 
     # ------------------------------------------------------------------ roots
@@ -309,7 +325,8 @@ class LLMExpander:
         estimates = dict(zip(open_nodes, self._leaf_values(open_nodes)))
         for (i, j), h in zip(slots, children):
             node = self.table[h]
-            reward[i, j] = node.reward
+            # The row keeps the composite reward; the tree backs up the search's objective.
+            reward[i, j] = search_return(self.reward, node, self.search.objective) if node.terminal else node.reward
             terminal[i, j] = node.terminal
             if not node.terminal:
                 node.value_estimate = estimates[h]

@@ -59,10 +59,15 @@ class ShardOutput:
 # ---------------------------------------------------------------------------- one batch
 
 
-def reward_bounds(reward: CompositeReward, process_reward_cap: float = 0.0) -> tuple[float, float]:
-    """(lowest, highest) return of a path: the syntax penalty cap to success plus all shaping,
-    widened by the process reward cap (a whole path adds at most the cap)."""
+def reward_bounds(
+    reward: CompositeReward, process_reward_cap: float = 0.0, objective: str = "composite"
+) -> tuple[float, float]:
+    """(lowest, highest) return of a path: the syntax penalty cap to success plus all shaping
+    (objective "success": 0 to success), widened by the process reward cap (a whole path adds at
+    most the cap)."""
     w = reward.weights
+    if objective == "success":
+        return -process_reward_cap, w.success + process_reward_cap
     return w.syntax_penalty_cap - process_reward_cap, w.success + w.shaping_cap + process_reward_cap
 
 
@@ -109,7 +114,7 @@ def search_batch(
         "leaves_per_iteration": s.leaves_per_iteration,
     }
     if q_normalisation == "reward_bounds":
-        low, high = reward_bounds(reward, s.process_reward_cap)
+        low, high = reward_bounds(reward, s.process_reward_cap, s.objective)
         common["qtransform"] = functools.partial(mcts.qtransform_by_min_max, min_value=low, max_value=high)
     elif q_normalisation != "parent_and_siblings":
         raise ValueError(f"q_normalisation must be 'reward_bounds' or 'parent_and_siblings', got {q_normalisation!r}")
