@@ -90,7 +90,8 @@ class SearchConfig(Section):
         False,
         description="widening rounds at a node with tool-call candidates alternate with rounds that add argument "
         "variants: the candidate calls with one numeric argument replaced by a number the user or a tool showed, "
-        "scored by the policy, most likely first (dataengine/search/variants.py)",
+        "or with another offered tool taking the same arguments, scored by the policy, most likely first "
+        "(dataengine/search/variants.py)",
     )
     max_actions: int = Field(
         16, ge=1, description="K_max: action slots per node when widening (never fewer than num_actions)"

@@ -455,6 +455,26 @@ def test_argument_variants_swap_one_numeric_argument_for_a_number_the_conversati
     assert argument_variants(flag, [1, 2]) == [] and argument_variants(parse_action("42"), [1, 2]) == []
 
 
+def test_tool_swaps_offer_the_other_tools_that_take_the_same_arguments():
+    from dataengine.parsing import parse_action
+    from dataengine.search.variants import argument_variants, same_signature
+    from dataengine.types import ToolSpec
+
+    def spec(name, *params):
+        return ToolSpec(name=name, description=name, parameters={"type": "object", "properties": {p: {"type": "number"} for p in params}})
+
+    swaps = same_signature([spec("add", "a", "b"), spec("multiply", "a", "b"), spec("sqrt", "x"), spec("pow", "b", "a")])
+    assert swaps == {"add": ["multiply", "pow"], "multiply": ["add", "pow"], "sqrt": [], "pow": ["add", "multiply"]}
+    texts = argument_variants(parse_action(call("add", 51, 3)), [338], swaps=swaps)
+    keys = [parse_action(t).key() for t in texts]
+    # One numeric argument at a time, then the tool swaps (same arguments).
+    assert keys[:2] == [parse_action(call("add", 338, 3)).key(), parse_action(call("add", 51, 338)).key()]
+    assert keys[2:] == [parse_action(call("multiply", 51, 3)).key(), parse_action(call("pow", 51, 3)).key()]
+    # Two edits (tool and operand) are a variant of a variant: a later round's.
+    second = {parse_action(t).key() for t in argument_variants(parse_action(texts[2]), [338], swaps=swaps)}
+    assert parse_action(call("multiply", 51, 338)).key() in second
+
+
 class ScoringRulePolicy(RulePolicy):
     """RulePolicy that also scores: every continuation gets TOKENS tokens of log-prob -1 in all."""
 

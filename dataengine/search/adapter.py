@@ -53,7 +53,7 @@ from dataengine.search.nodes import (
     transposition_key,
     widen_cap,
 )
-from dataengine.search.variants import argument_variants, context_numbers
+from dataengine.search.variants import argument_variants, context_numbers, same_signature
 from dataengine.types import Task, stable_hash
 from dataengine.values import AICritic, RolloutValue, mix_q, reference_progress
 from dataengine.verifiers.composite import CompositeReward
@@ -433,12 +433,13 @@ class LLMExpander:
                 continue
             keys = {e.action.key() for e in node.edges} | set(node.variant_pool)
             numbers = context_numbers(node.state.messages)
+            swaps = same_signature(node.state.task.tools)
             for edge in node.edges:
                 source = edge.action.key()
                 if not edge.action.tool_calls or source in node.variant_sources:
                     continue
                 node.variant_sources.add(source)
-                for text in argument_variants(edge.action, numbers):
+                for text in argument_variants(edge.action, numbers, swaps=swaps):
                     key = parse_action(text).key()
                     if key not in keys:
                         keys.add(key)

@@ -1,5 +1,7 @@
 """Argument variants: tool calls that differ from a candidate in one numeric argument, the new
-value taken from a number the conversation shows (the user's turns or a tool's output).
+value taken from a number the conversation shows (the user's turns or a tool's output), or in
+the tool called: another offered tool that takes the same arguments (`subtract` for `add`).
+Variants of variants come from later rounds, so two edits are two rounds away.
 
 Why: a small policy chaining two calls mostly picks the wrong operand for the second call
 (`divide(122, 14)` for `(1708 / 14) / 61`, where 122 is the first call's result); the right
@@ -18,7 +20,7 @@ import re
 from collections.abc import Sequence
 
 from dataengine.parsing import render_inline_calls
-from dataengine.types import Action, Message, ToolCall
+from dataengine.types import Action, Message, ToolCall, ToolSpec
 
 # A number not glued to a word or to another number's digits ("x2", "3.5.1" give nothing odd).
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
@@ -43,10 +45,22 @@ def context_numbers(messages: Sequence[Message], limit: int = MAX_NUMBERS) -> li
     return list(seen.values())
 
 
-def argument_variants(action: Action, numbers: Sequence[int | float], limit: int = MAX_VARIANTS) -> list[str]:
-    """Texts of the actions that replace one numeric top-level argument of one of `action`'s
-    calls by another of `numbers` (in call, argument, number order); none for an action
-    without calls. Booleans are not numbers here."""
+def same_signature(tools: Sequence[ToolSpec]) -> dict[str, list[str]]:
+    """Tool name -> the other tools whose parameters have the same names (in offer order)."""
+    params = {t.name: frozenset((t.parameters or {}).get("properties", {})) for t in tools}
+    return {a: [b for b in params if b != a and params[b] == pa] for a, pa in params.items() if pa}
+
+
+def argument_variants(
+    action: Action,
+    numbers: Sequence[int | float],
+    limit: int = MAX_VARIANTS,
+    swaps: dict[str, list[str]] | None = None,
+) -> list[str]:
+    """Texts of the actions that replace, in one of `action`'s calls, one numeric top-level
+    argument by another of `numbers`, or the tool by another of `swaps[tool]` (tools taking the
+    same arguments, `same_signature`); in call, argument, number, then swap order (ties in the
+    policy's scores keep it); none for an action without calls. Booleans are not numbers here."""
     out: list[str] = []
     for c, call in enumerate(action.tool_calls):
         for name, current in call.arguments.items():
@@ -60,4 +74,9 @@ def argument_variants(action: Action, numbers: Sequence[int | float], limit: int
                 out.append(render_inline_calls(calls))
                 if len(out) >= limit:
                     return out
+        for other in (swaps or {}).get(call.name, []):
+            changed = ToolCall(name=other, arguments=dict(call.arguments))
+            out.append(render_inline_calls([*action.tool_calls[:c], changed, *action.tool_calls[c + 1 :]]))
+            if len(out) >= limit:
+                return out
     return out
