@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 
 from dataengine.parsing import render_inline_calls
 from dataengine.types import Action, Message, ToolCall, ToolSpec
@@ -61,22 +62,23 @@ def argument_variants(
     argument by another of `numbers`, or the tool by another of `swaps[tool]` (tools taking the
     same arguments, `same_signature`); in call, argument, number, then swap order (ties in the
     policy's scores keep it); none for an action without calls. Booleans are not numbers here."""
-    out: list[str] = []
-    for c, call in enumerate(action.tool_calls):
+    calls = action.tool_calls
+    return [
+        render_inline_calls([*calls[:c], changed, *calls[c + 1 :]])
+        for c, changed in islice(_edited_calls(calls, numbers, swaps or {}), limit)
+    ]
+
+
+def _edited_calls(
+    calls: Sequence[ToolCall], numbers: Sequence[int | float], swaps: dict[str, list[str]]
+) -> Iterator[tuple[int, ToolCall]]:
+    """(index, edited call) for each single edit `argument_variants` describes, in its order."""
+    for c, call in enumerate(calls):
         for name, current in call.arguments.items():
             if isinstance(current, bool) or not isinstance(current, (int, float)):
                 continue
             for value in numbers:
-                if value == current:
-                    continue
-                changed = ToolCall(name=call.name, arguments={**call.arguments, name: value})
-                calls = [*action.tool_calls[:c], changed, *action.tool_calls[c + 1 :]]
-                out.append(render_inline_calls(calls))
-                if len(out) >= limit:
-                    return out
-        for other in (swaps or {}).get(call.name, []):
-            changed = ToolCall(name=other, arguments=dict(call.arguments))
-            out.append(render_inline_calls([*action.tool_calls[:c], changed, *action.tool_calls[c + 1 :]]))
-            if len(out) >= limit:
-                return out
-    return out
+                if value != current:
+                    yield c, ToolCall(name=call.name, arguments={**call.arguments, name: value})
+        for other in swaps.get(call.name, []):
+            yield c, ToolCall(name=other, arguments=dict(call.arguments))
