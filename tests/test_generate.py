@@ -218,6 +218,19 @@ def test_run_id_follows_every_output_setting(tmp_path, tasks):
     assert default_run_id(config(tmp_path / "a", generate__value_model=str(head)), tasks[:2]) != with_head
 
 
+def test_run_id_follows_a_checkpoint_folders_weights(tmp_path, tasks):
+    """A checkpoint folder retrained in place is another policy: its runs must not resume."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"first weights")
+    first = default_run_id(config(tmp_path / "a", policy__model=str(folder)), tasks[:2])
+    assert default_run_id(config(tmp_path / "a", policy__model=str(folder)), tasks[:2]) == first
+    weights.write_bytes(b"retrained weights")  # another size: the digest memo keys on size and mtime
+    assert default_run_id(config(tmp_path / "a", policy__model=str(folder)), tasks[:2]) != first
+
+
 def test_cli_rerun_with_other_rollouts_starts_a_new_run(tmp_path):
     runner = CliRunner()
     out = tmp_path / "store"

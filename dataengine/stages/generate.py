@@ -216,15 +216,20 @@ def shards(tasks: Sequence[Task], shard_size: int) -> list[Shard]:
 
 def _output_settings(config: EngineConfig) -> dict[str, Any]:
     """Every setting that changes the output (`EngineConfig.output_settings`: method, n,
-    rollouts, prior, search, policy, ...), the value head's bytes and the prompt template."""
+    rollouts, prior, search, policy, ...), the value head's bytes, the prompt template and, for a
+    checkpoint folder, its weights' hash (a folder retrained in place must not resume old runs)."""
     from dataengine.chat_template import prompt_fingerprint
+    from dataengine.models import checkpoint_hash
 
     value_model = config.generate.value_model
-    return {
+    settings = {
         "config": config.output_settings(),
         "value_model": _file_hash(value_model) if value_model else None,
         "prompt": prompt_fingerprint(config.policy.few_shot),
     }
+    if config.policy.model not in ("smollm2", "tiny") and Path(config.policy.model).is_dir():
+        settings["weights"] = checkpoint_hash(config.policy.model)
+    return settings
 
 
 def settings_key(config: EngineConfig) -> str:
