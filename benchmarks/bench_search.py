@@ -4,6 +4,9 @@ equal generated tokens per task, on several tool suites, with 95% intervals, in 
     .venv/bin/python benchmarks/bench_search.py                       # SmolLM2, 4 suites x 32 tasks
     .venv/bin/python benchmarks/bench_search.py --tasks 16 --suite arithmetic --suite units
     .venv/bin/python benchmarks/bench_search.py --quick               # tiny model, smoke run
+    # level-2 arithmetic, oracle-assisted leaf value (docs/eval.md "Level-2 search probe"):
+    .venv/bin/python benchmarks/bench_search.py --suite arithmetic --level 2 --tasks 8 --budget 1500 \
+        --batch 16 --values reference --objective success --widen-arguments --solved stop
 
 Every method runs through the generate stage (dataengine.stages.generate.generate) with the same
 policy (SmolLM2-135M-Instruct, the example-episode template, temperature 0.7), the same train
@@ -96,7 +99,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="trees (tasks) decoded together: more rows per forward")
     parser.add_argument("--solved", default="continue", choices=["continue", "stop"], help="MCTS search.solved_policy")
     parser.add_argument("--algorithm", default="puct", choices=["puct", "uct", "gumbel"])
-    parser.add_argument("--values", default="zero,rollout", help="MCTS leaf-value options to compare (comma-separated)")
+    parser.add_argument("--values", default="zero,rollout",
+                        help="MCTS leaf-value options to compare (comma-separated; `reference` is oracle-assisted)")
+    parser.add_argument("--level", type=int, action="append", help="task difficulty level (repeat); default all")
+    parser.add_argument("--objective", default="composite", choices=["composite", "success"],
+                        help="MCTS search.objective: what trees back up and rollouts score")
+    parser.add_argument("--widen-arguments", action="store_true", help="MCTS search.widen_arguments (variant rounds)")
+    parser.add_argument("--pb-c-init", type=float, help="PUCT exploration constant c1 (default: the config's)")
     parser.add_argument("--value-model", help="fitted value head for the value_model option")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -123,7 +132,9 @@ def main() -> None:
         policy__temperature=args.temperature, policy__max_new_tokens=args.max_new_tokens,
         search__algorithm=args.algorithm, search__num_simulations=args.sims, search__num_actions=args.k,
         search__max_generated_tokens=args.budget, search__trees_per_batch=min(args.tasks, args.batch),
-        search__solved_policy=args.solved,
+        search__solved_policy=args.solved, search__objective=args.objective,
+        search__widen_arguments=args.widen_arguments, levels=args.level,
+        **({"search__pb_c_init": args.pb_c_init} if args.pb_c_init is not None else {}),
         search__max_depth=args.max_depth, env__max_steps=args.max_depth, generate__n=10_000,
         generate__value_model=args.value_model,
     )
@@ -131,7 +142,8 @@ def main() -> None:
     policy = policy_from_config(base.policy)
     print(f"model {policy.model_id} loaded in {time.perf_counter() - started:.1f} s; suites {', '.join(suites)}, "
           f"{args.tasks} tasks each, {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, "
-          f"solved trees {args.solved}, temperature {args.temperature}", flush=True)
+          f"solved trees {args.solved}, temperature {args.temperature}, objective {args.objective}, "
+          f"levels {args.level or 'all'}, widen_arguments {args.widen_arguments}", flush=True)
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
