@@ -122,6 +122,10 @@ class DeriveConfig(Section):
     sft_per_task: int = Field(2, ge=1, description="k: successful trajectories kept per task")
     replay_low: float = Field(0.0, ge=0, le=1, description="GRPO replay: p_success above this")
     replay_high: float = Field(1.0, ge=0, le=1, description="GRPO replay: p_success below this")
+    balance_by: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the pipeline's exports: oversample rows so every value of this task metadata field "
+        "(e.g. level) has as many as the most frequent one; None: the rows as derived")
 
 
 class GenerateConfig(Section):

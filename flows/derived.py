@@ -60,17 +60,18 @@ def derive_flow(
 
 
 @task(name="export", task_run_name="export {kind}", tags=["dataengine"])
-def export_task(store: str, kind: str, out: str, fmt: str, run_ids: list[str] | None, include_logprobs: bool = False) -> dict[str, Any]:
+def export_task(store: str, kind: str, out: str, fmt: str, run_ids: list[str] | None, include_logprobs: bool = False,
+                balance_by: str | None = None) -> dict[str, Any]:
     """{kind, path, rows, dedup, source_versions}; path None and rows 0 when nothing was selected."""
     from dataengine.stages.datasets import export_dataset
     from storage.export import ExportFilters
 
     result = export_dataset(store, kind, out, fmt=fmt, filters=ExportFilters(run_ids=list(run_ids) if run_ids else None),
-                            include_logprobs=include_logprobs)
+                            include_logprobs=include_logprobs, balance_by=balance_by)
     if result is None:
         return {"kind": kind, "path": None, "rows": 0}
     return {"kind": kind, "path": result.path, "rows": result.rows, "dedup": result.dedup,
-            "source_versions": result.source_versions}
+            "source_versions": result.source_versions, "balance": result.balance}
 
 
 @flow(name="export", log_prints=False)
@@ -81,15 +82,17 @@ def export_flow(
     run_ids: list[str] | None = None,
     format: Literal["parquet", "jsonl", "hf"] = "parquet",
     include_logprobs: bool = True,
+    balance_by: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Export the derived tables in TRL formats (pairs: preference, sft: messages, replay:
     prompt-only) to `out_dir/<kind>.parquet` (a file) or `out_dir/<kind>` (jsonl, hf: a dataset
-    folder), each with its lineage; kinds None: all three; run_ids None: every run."""
+    folder), each with its lineage; kinds None: all three; run_ids None: every run; balance_by: a
+    task metadata field whose values get equal row counts by oversampling (storage.export)."""
     kinds = list(kinds or EXPORTS)
     run_ids = list(run_ids or [])
     suffix = ".parquet" if format == "parquet" else ""
     futures = {k: export_task.submit(store, k, str(Path(out_dir) / f"{k}{suffix}"), format, list(run_ids) or None,
-                                     include_logprobs and k == "pairs")
+                                     include_logprobs and k == "pairs", balance_by)
                for k in kinds}
     results = {k: f.result() for k, f in futures.items()}
     create_markdown_artifact(

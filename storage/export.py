@@ -17,14 +17,19 @@ Atomic: a file is written under a hidden temporary name in the same folder and r
 aside and the new one into place. A killed export leaves the old export as it was and at most
 a hidden `.<name>.*.tmp` entry, which `datasets` and the trainers skip.
 
-The lineage record (source table versions, filters, dedup settings and counts) rebuilds the
-same rows through Delta time travel: `reexport(store, out, new_out)`.
+Balancing (`balance_by`, e.g. "level"): after dedup, every value of that field of the rows' tasks
+(`metadata.<field>` of the stored task) is oversampled, rows repeated in order, to the row count of
+the largest value, so one kind of task does not set the mix a trainer sees.
+
+The lineage record (source table versions, filters, dedup and balance settings and counts)
+rebuilds the same rows through Delta time travel: `reexport(store, out, new_out)`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -125,6 +130,7 @@ class ExportResult:
     filters: dict[str, Any]
     dedup_settings: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    balance: dict[str, Any] = field(default_factory=dict)
 
     def lineage(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,6 +222,39 @@ def build_rows(kind: str, source: pl.DataFrame, *, include_logprobs: bool = Fals
     return rows.select(*names, *keys, *helper)
 
 
+def task_field(store: Store, task_ids: pl.Series, name: str, version: int | None = None) -> pl.Series:
+    """`metadata.<name>` of each task in `task_ids` (the stored task JSON; text, null where the
+    task or the field is missing). ValueError for a name that is not a plain identifier, or when
+    no task has the field (a misspelt name would otherwise balance nothing)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"balance_by must name a task metadata field (letters, digits, _), not {name!r}")
+    if not store.has_table("tasks"):
+        raise ValueError("balance_by needs the store's tasks table, and the store has none")
+    values = (
+        store.tasks(version).select("task_id", pl.col("task_json").str.json_path_match(f"$.metadata.{name}").alias(name))
+        .unique("task_id", keep="first").collect()
+    )
+    joined = pl.DataFrame({"task_id": task_ids}).join(values, on="task_id", how="left", maintain_order="left")
+    if task_ids.len() and joined[name].null_count() == joined.height:
+        raise ValueError(f"balance_by: no task of these rows has metadata.{name}")
+    return joined[name]
+
+
+def oversample(rows: pl.DataFrame, column: str) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Rows of each value of `column` repeated in order (whole copies, then the first rows) up to
+    the row count of the most frequent value; returns them grouped by value in first-seen order,
+    and the rows per value before ("null" for a missing value)."""
+    if rows.height == 0:
+        return rows, {}
+    counts = rows.group_by(column, maintain_order=True).len()
+    target = int(counts["len"].max())
+    parts = []
+    for value, n in counts.iter_rows():
+        part = rows.filter(pl.col(column).eq_missing(value))
+        parts.append(pl.concat([part] * -(-target // n)).head(target))
+    return pl.concat(parts), {("null" if v is None else str(v)): int(n) for v, n in counts.iter_rows()}
+
+
 def export_frame(
     store: Store,
     kind: str,
@@ -226,10 +265,12 @@ def export_frame(
     near_threshold: float = 0.95,
     embedder: str = "ngram",
     include_logprobs: bool = False,
-) -> tuple[pl.DataFrame, DedupReport, dict[str, int]]:
-    """The TRL rows of an export (JSON leaves as text; storage.formats), its dedup report and
-    the source table versions read ({table: version}, plus the commit marker table's version
-    when shards of the table declare one).
+    balance_by: str | None = None,
+) -> tuple[pl.DataFrame, DedupReport, dict[str, int], dict[str, int]]:
+    """The TRL rows of an export (JSON leaves as text; storage.formats), its dedup report, the
+    source table versions read ({table: version}, plus the commit marker table's version when
+    shards of the table declare one, and the tasks table's with balance_by), and with
+    balance_by the rows per value before oversampling (module docstring; else {}).
 
     dedup: "exact" drops rows equal after normalisation (whitespace-collapsed content, same
     calls); "near" also drops rows whose embedding is at cosine >= near_threshold to a kept
@@ -252,6 +293,10 @@ def export_frame(
     source = store.committed(spec.table, used[spec.table], marker_versions=markers)
     source = filters.apply(source, spec.name).collect()
     rows = build_rows(spec.name, source, include_logprobs=include_logprobs)
+    if balance_by is not None:
+        if "tasks" not in used and store.has_table("tasks"):
+            used["tasks"] = versions.get("tasks", store.version("tasks"))
+        rows = rows.with_columns(task_field(store, source["task_id"], balance_by, used.get("tasks")).alias("_balance"))
     helper = [c for c in rows.columns if c.startswith("_")]
     rows, report = dedup_frame(
         rows,
@@ -262,7 +307,10 @@ def export_frame(
         near_threshold=near_threshold if dedup == "near" else None,
         embedder=embedder,
     )
-    return rows.drop(helper), report, used
+    groups: dict[str, int] = {}
+    if balance_by is not None:
+        rows, groups = oversample(rows, "_balance")
+    return rows.drop(helper), report, used, groups
 
 
 def _kind(kind: str) -> DatasetKind:
@@ -420,6 +468,7 @@ def export(
     near_threshold: float = 0.95,
     embedder: str = "ngram",
     include_logprobs: bool = False,
+    balance_by: str | None = None,
     record_run_id: str | None = None,
 ) -> ExportResult:
     """Export `kind` (pairs | sft | replay) to `out` in `format`; see `export_frame`.
@@ -430,9 +479,9 @@ def export(
         raise ValueError(f"unknown format {format!r}; choose from {', '.join(FORMATS)}")
     spec = _kind(kind)
     filters = filters or ExportFilters()
-    rows, report, source_versions = export_frame(
+    rows, report, source_versions, groups = export_frame(
         store, spec.name, filters=filters, versions=versions, dedup=dedup,
-        near_threshold=near_threshold, embedder=embedder, include_logprobs=include_logprobs,
+        near_threshold=near_threshold, embedder=embedder, include_logprobs=include_logprobs, balance_by=balance_by,
     )
     result = ExportResult(
         kind=spec.name,
@@ -444,6 +493,7 @@ def export(
         filters=asdict(filters),
         dedup_settings={"dedup": dedup, "near_threshold": near_threshold, "embedder": embedder,
                         "include_logprobs": include_logprobs},
+        balance={"by": balance_by, "rows_before": groups} if balance_by is not None else {},
     )
     write_rows(rows, out, format, result.lineage())
     if record_run_id is not None:
@@ -507,6 +557,7 @@ def reexport(store: Store, lineage_source: str | Path, out: str | Path, *, forma
         near_threshold=settings["near_threshold"],
         embedder=settings["embedder"],
         include_logprobs=settings.get("include_logprobs", False),
+        balance_by=(lineage.get("balance") or {}).get("by"),
     )
 
 

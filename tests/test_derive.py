@@ -239,7 +239,7 @@ def test_derive_writes_with_lineage(store):
     derive(store, ["step-pairs"], run_ids=[RUN], options=DeriveOptions(margin=0.8))
     assert store.pairs().filter(pl.col("kind") == "step").collect().height == 1
     # The TRL export reads the derived rows.
-    rows, _, _ = export_frame(store, "pairs", include_logprobs=True)
+    rows, _, _, _ = export_frame(store, "pairs", include_logprobs=True)
     assert rows.columns[:3] == ["prompt", "chosen", "rejected"] and rows.height == 3
     assert rows["ref_chosen_logps"].null_count() == 0
 

@@ -189,7 +189,7 @@ def test_turns_stored_without_parsed_calls_keep_their_raw_text(tmp_path):
     store = Store(tmp_path / "store")
     raw = [{"role": "assistant", "content": CALL_TEXT.format(b=25)}]
     store.append("pairs", [{**pair_rows()[0], "chosen_json": json.dumps(raw)}], run_id="r", shard_id="0")
-    frame, _, _ = export_frame(store, "pairs")
+    frame, _, _, _ = export_frame(store, "pairs")
     chosen = frame.to_dicts()[0]["chosen"]
     assert chosen == [{"role": "assistant", "content": CALL_TEXT.format(b=25), "name": None, "tool_calls": None}]
 
@@ -237,6 +237,32 @@ def test_export_reads_committed_shards_only_and_rebuilds_the_same_shards(tmp_pat
     store.append("tasks", [{"task_id": "t1"}], run_id="r", shard_id="1")  # now the shard is committed
     assert export(store, "sft", tmp_path / "b.parquet", dedup="none").rows == 2
     assert reexport(store, tmp_path / "a.parquet", tmp_path / "c.parquet").rows == 1
+
+
+def test_balance_by_oversamples_each_task_level_to_the_largest(tmp_path):
+    store = Store(tmp_path / "store")
+    store.append("tasks", [{"task_id": f"t{i}", "task_json": json.dumps({"id": f"t{i}", "metadata": {"level": 1 + i % 2}})}
+                           for i in range(3)], run_id="r", shard_id="0")
+    # Five level-1 pairs (t0, t2), two level-2 pairs (t1): distinct rejected sides, so no dedup.
+    rows = [{**pair_rows()[0], "pair_id": f"p{i}", "task_id": task, "rejected_json": json.dumps([stored_call(30 + i)])}
+            for i, task in enumerate(["t0", "t1", "t2", "t0", "t1", "t2", "t0"])]
+    store.append("pairs", rows, run_id="r", shard_id="0")
+    out = tmp_path / "bal.parquet"
+    result = export(store, "pairs", out, balance_by="level")
+    assert result.balance == {"by": "level", "rows_before": {"1": 5, "2": 2}}
+    assert result.rows == 10 and result.source_versions["tasks"] == store.version("tasks")
+    written = pl.read_parquet(out)
+    rejected_b = [json.loads(r[0]["tool_calls"][0]["function"]["arguments"])["b"] for r in written["rejected"].to_list()]
+    # Level 1 in order, then level 2's two pairs three times over, cut at five rows.
+    assert rejected_b == [30, 32, 33, 35, 36, 31, 34, 31, 34, 31]
+    assert read_lineage(out)["balance"] == result.balance
+    assert reexport(store, out, tmp_path / "again.parquet").rows == 10
+    assert export(store, "pairs", tmp_path / "plain.parquet").rows == 7  # off by default
+    with pytest.raises(ValueError, match="no task of these rows has metadata.levle"):
+        export(store, "pairs", tmp_path / "x.parquet", balance_by="levle")
+    with pytest.raises(ValueError, match="must name a task metadata field"):
+        export(store, "pairs", tmp_path / "x.parquet", balance_by="level') or true")
+    assert not (tmp_path / "x.parquet").exists()
 
 
 def test_bad_rows_missing_tables_and_paths_are_named(tmp_path):

@@ -135,6 +135,12 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     exported = export_flow(store=str(store.root), out_dir=str(tmp_path / "data"), kinds=["pairs", "sft"], run_ids=["p/r1"])
     assert exported["pairs"]["rows"] == 1  # two equal pairs: exact dedup keeps one; run "other" left out
     assert exported["sft"]["rows"] == 0 and exported["sft"]["path"] is None
+    # balance_by reaches the export: the one pair of task t0 (level 1) stays one row.
+    store.append("tasks", [{"task_id": "t0", "task_json": json.dumps({"metadata": {"level": 1}})}], run_id="p/r1",
+                 shard_id="0")
+    balanced = export_flow(store=str(store.root), out_dir=str(tmp_path / "bal"), kinds=["pairs"], run_ids=["p/r1"],
+                           balance_by="level")
+    assert balanced["pairs"]["balance"] == {"by": "level", "rows_before": {"1": 1}}
     settings = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "ckpt"), run_id="p/r1", max_steps=1, batch_size=1,
                               max_length=128, device="cpu")
     args = {"data": exported["pairs"]["path"], "store": str(store.root), "config": settings}

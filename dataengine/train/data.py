@@ -253,7 +253,7 @@ def _read_store(
         # GRPO learns nothing from prompts the policy always or never solves (zero group variance).
         where="p_success IS NULL OR (p_success > 0 AND p_success < 1)" if drop_zero_variance else None,
     )
-    frame, _report, versions = export_frame(store, spec.name, filters=filters, include_logprobs=behaviour_ref)
+    frame, _report, versions, _groups = export_frame(store, spec.name, filters=filters, include_logprobs=behaviour_ref)
     return frame.to_dicts(), dict(versions)
 
 
