@@ -34,6 +34,7 @@ def test_overrides_apply_after_the_file(tmp_path):
         ("search:\n  algorithm: beam\n", "search.algorithm"),
         ("policy:\n  modle: smollm2\n", "policy.modle"),
         ("sandbox:\n  timeout_s: soon\n", "sandbox.timeout_s"),
+        ("derive:\n  balance_by: metadata.level\n", "derive.balance_by"),
     ],
 )
 def test_bad_field_is_named(tmp_path, text, field):
