@@ -100,6 +100,14 @@ def load_model(
     return model, tokenizer
 
 
+BUILTIN_MODELS = ("smollm2", "tiny")
+
+
+def is_builtin(name_or_path: str) -> bool:
+    """True for the names model_folder builds itself ("smollm2", "tiny"), not a folder's path."""
+    return name_or_path in BUILTIN_MODELS
+
+
 def model_folder(name_or_path: str) -> Path:
     """The Hugging Face folder of "smollm2" (converted once from its GGUF), "tiny" (built once)
     or a checkpoint folder; FileNotFoundError when a folder has no config.json."""

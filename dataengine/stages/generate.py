@@ -219,7 +219,7 @@ def _output_settings(config: EngineConfig) -> dict[str, Any]:
     rollouts, prior, search, policy, ...), the value head's bytes, the prompt template and, for a
     checkpoint folder, its weights' hash (a folder retrained in place must not resume old runs)."""
     from dataengine.chat_template import prompt_fingerprint
-    from dataengine.models import checkpoint_hash
+    from dataengine.models import checkpoint_hash, is_builtin
 
     value_model = config.generate.value_model
     settings = {
@@ -227,7 +227,7 @@ def _output_settings(config: EngineConfig) -> dict[str, Any]:
         "value_model": _file_hash(value_model) if value_model else None,
         "prompt": prompt_fingerprint(config.policy.few_shot),
     }
-    if config.policy.model not in ("smollm2", "tiny") and Path(config.policy.model).is_dir():
+    if not is_builtin(config.policy.model) and Path(config.policy.model).is_dir():
         settings["weights"] = checkpoint_hash(config.policy.model)
     return settings
 

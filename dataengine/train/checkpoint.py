@@ -72,10 +72,11 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo | None:
 def parent_model_id(init: str, model: Any) -> str:
     """The id of the model training starts from: the checkpoint's own id when `init` is a folder
     we wrote, else dataengine.models.model_id (name@hash of the weight files)."""
-    info = read_checkpoint_info(init) if init not in ("smollm2", "tiny") else None
+    from dataengine.models import is_builtin, model_id
+
+    info = None if is_builtin(init) else read_checkpoint_info(init)
     if info is not None:
         return info.model_id
-    from dataengine.models import model_id
 
     return model_id(model)
 
