@@ -6,7 +6,7 @@ equal generated tokens per task, on several tool suites, with 95% intervals, in 
     .venv/bin/python benchmarks/bench_search.py --quick               # tiny model, smoke run
     # level-2 arithmetic, oracle-assisted leaf value (docs/eval.md "Level-2 search probe"):
     .venv/bin/python benchmarks/bench_search.py --suite arithmetic --level 2 --tasks 8 --budget 1500 \
-        --batch 16 --values reference --objective success --widen-arguments --solved stop --pb-c-init 0.5
+        --batch 16 --values reference --objective success --widen-arguments --solved stop --pb-c-init 0.5 --max-depth 6
 
 Every method runs through the generate stage (dataengine.stages.generate.generate) with the same
 policy (SmolLM2-135M-Instruct, the example-episode template, temperature 0.7), the same train
