@@ -24,9 +24,11 @@ gave 0 tool calls in 64 samples; example episodes as chat turns give most replie
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from dataengine.suites.fewshot import Episode, ExampleSet
 
 DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks step by step with the tools provided."
 
@@ -41,21 +43,7 @@ INSTRUCTIONS = (
 )
 
 Listing = Literal["compact", "json"]
-Episode = Sequence[Mapping[str, str]]  # role/content dicts: user, then assistant/tool turns
 
-
-@dataclass(frozen=True)
-class ExampleSet:
-    """Worked episodes for one toolbox.
-
-    tools: the tool names that select this set (the first offered one that belongs to a set wins).
-    episodes: shown in order, skipping any that calls a tool the conversation does not offer
-        (so the model is never shown a call it cannot make), at most `max_shown` of them.
-    """
-
-    tools: Sequence[str]
-    episodes: Sequence[Episode]
-    max_shown: int | None = None
 
 _TEMPLATE = """\
 {%- set default_system = __SYSTEM__ -%}

@@ -17,10 +17,28 @@ that call a tool the conversation does not offer are skipped.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from dataengine.chat_template import ExampleSet
 from dataengine.suites.gold import gold_turns, replay
 from dataengine.types import Task, canonical_json
+
+Episode = Sequence[Mapping[str, str]]  # role/content dicts: user, then assistant/tool turns
+
+
+@dataclass(frozen=True)
+class ExampleSet:
+    """Worked episodes for one toolbox.
+
+    tools: the tool names that select this set (the first offered one that belongs to a set wins).
+    episodes: shown in order, skipping any that calls a tool the conversation does not offer
+        (so the model is never shown a call it cannot make), at most `max_shown` of them.
+    """
+
+    tools: Sequence[str]
+    episodes: Sequence[Episode]
+    max_shown: int | None = None
+
 
 # Seed for example tasks: no split or test uses it, so examples are not evaluation tasks.
 EXAMPLE_SEED = 7_919

@@ -1,7 +1,8 @@
 """BFCL (Berkeley Function Calling Leaderboard) from the data and tool classes shipped in bfcl-eval.
 
 - tasks.py: categories, the package's data as Tasks (`load_tasks`), BFCL schemas as JSON Schema.
-- runtime.py: BFCL's multi-turn tool classes behind a JSON-able state; the `bfcl:<category>` toolboxes.
+- runtime.py: BFCL's multi-turn tool classes behind a JSON-able state.
+- toolboxes.py: the `bfcl:<category>` toolboxes (registry.get_toolbox).
 - checks.py: verdicts on predictions, BFCL's way (`verify_predictions`), and per-task scoring
   of prediction files (`read_predictions`, `score_predictions`).
 """
@@ -29,7 +30,6 @@ from dataengine.external.bfcl.runtime import (
     parse_call,
     run_calls,
     tool_class,
-    toolbox_for,
     world,
 )
 from dataengine.external.bfcl.tasks import (
@@ -54,6 +54,7 @@ from dataengine.external.bfcl.tasks import (
 from dataengine.external.bfcl.tasks import (
     _entries as _entries,
 )
+from dataengine.external.bfcl.toolboxes import toolbox_for
 
 __all__ = [
     "ADDED_FUNCTIONS_PROMPT",

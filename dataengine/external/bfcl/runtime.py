@@ -1,4 +1,4 @@
-"""BFCL's multi-turn Python tool classes behind a JSON-able state, and the `bfcl:<category>` toolboxes.
+"""BFCL's multi-turn Python tool classes behind a JSON-able state (the toolboxes: toolboxes.py).
 
 Tool state of a multi-turn task (a JSON-able dict, as the sandbox needs):
     {"classes": [class names], "config": initial_config, "config_hash": str, "long_context": bool,
@@ -20,7 +20,6 @@ from collections import OrderedDict
 from typing import Any
 
 from dataengine.external import package_dir
-from dataengine.tools.registry import Tool, Toolbox
 from dataengine.types import Task, ToolCall, stable_hash
 
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23"
@@ -223,43 +222,3 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _json_value(v) for k, v in value.items()}
     return value
-
-
-# ---- toolboxes: resolved by registry.get_toolbox("bfcl:<category>") ----
-
-
-def _echo(name: str):
-    def echo(**arguments: Any) -> dict[str, Any]:
-        # AST categories define no implementations: BFCL checks the call, never runs it
-        return {"name": name, "arguments": arguments, "executed": False}
-
-    echo.__name__ = name
-    return echo
-
-
-def toolbox_for(rest: str) -> Toolbox:
-    """The toolbox "bfcl:<category>": stateful BFCL class methods for multi-turn categories,
-    and for the single-turn ones tools that acknowledge the call without running it."""
-    # tasks.py builds multi-turn tasks with this module, so the task data is imported at call time
-    from dataengine.external.bfcl.tasks import (
-        FUNC_DOC_FILES,
-        MULTI_TURN_CATEGORIES,
-        _entries,
-        _func_docs,
-        canonical_category,
-        tool_spec,
-    )
-
-    category = canonical_category(rest)
-    tools: dict[str, Tool] = {}
-    if category in MULTI_TURN_CATEGORIES:
-        for class_name in FUNC_DOC_FILES:
-            for doc in _func_docs(class_name):
-                spec = tool_spec(doc)
-                tools.setdefault(spec.name, Tool(fn=functools.partial(call_method, spec.name), spec=spec, stateful=True))
-    else:
-        for entry in _entries(category):
-            for function in entry["function"]:
-                spec = tool_spec(function)
-                tools.setdefault(spec.name, Tool(fn=_echo(spec.name), spec=spec, stateful=False))
-    return Toolbox(name=f"bfcl:{rest}", tools=tools)

@@ -1,0 +1,32 @@
+"""The one place a policy is built: a backend name and a model name (or a config section) to a
+Policy. It imports the backends lazily, so importing it loads neither transformers nor vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataengine.policy.base import Policy
+
+
+def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "cpu", **options: Any) -> Policy:
+    """Build a policy. backend: "hf" (transformers) or "vllm"; model: "smollm2", "tiny" or a folder.
+
+    Both backends take the prompt options fewshot, system and listing; other options go to the
+    backend (e.g. prefix_reuse=False for HFPolicy, gpu_memory_utilization for vLLM). `device`
+    is the hf backend's ("auto", "cpu", "cuda"); vLLM places its engine itself.
+    """
+    if backend == "hf":
+        from dataengine.policy.hf import HFPolicy
+
+        return HFPolicy.load(model, device=device, **options)
+    if backend == "vllm":
+        from dataengine.policy.vllm import VLLMPolicy
+
+        return VLLMPolicy.load(model, **options)
+    raise ValueError(f"unknown policy backend {backend!r}; choose 'hf' or 'vllm'")
+
+
+def policy_from_config(config: Any) -> Policy:
+    """The policy of a `config.PolicyConfig` section (backend, model, device, few_shot): the one
+    factory the stages, flows and CLI use."""
+    return make_policy(config.backend, config.model, device=config.device, fewshot=config.few_shot)
