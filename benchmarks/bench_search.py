@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--values", default="zero,rollout",
                         help="MCTS leaf-value options to compare (comma-separated; `reference` is oracle-assisted)")
     parser.add_argument("--level", type=int, action="append", help="task difficulty level (repeat); default all")
-    parser.add_argument("--objective", default="composite", choices=["composite", "success"],
+    parser.add_argument("--objective", default="composite", choices=["composite", "success", "efficient_success"],
                         help="MCTS search.objective: what trees back up and rollouts score")
     parser.add_argument("--widen-arguments", action="store_true", help="MCTS search.widen_arguments (variant rounds)")
     parser.add_argument("--pb-c-init", type=float, help="PUCT exploration constant c1 (default: the config's)")

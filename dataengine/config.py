@@ -59,12 +59,14 @@ class SearchConfig(Section):
         description="value estimate for non-terminal leaves; 'reference' is oracle-assisted (progress along the "
         "task's reference calls, for labelled training tasks only)",
     )
-    objective: Literal["composite", "success"] = Field(
+    objective: Literal["composite", "success", "efficient_success"] = Field(
         "composite",
         description="what the tree backs up at an episode's end and what rollouts score: the composite reward "
-        "(success plus capped shaping less the syntax penalty; rows store it either way) or success alone (1 or 0). "
-        "Under composite a wrong final answer earns up to 0.15 of shaping, more than an unexplored continuation's "
-        "zero value, which pulls multi-call searches towards answering early",
+        "(success plus capped shaping less the syntax penalty; rows store it either way), success alone (1 or 0), "
+        "or efficient_success: success times 1 / (1 + steps beyond the task's reference + calls repeated from the "
+        "step before), so a success with a redundant call is worth half a clean one, and only a clean success "
+        "solves a tree (solved_policy, widening). Under composite a wrong final answer earns up to 0.15 of shaping, "
+        "more than an unexplored continuation's zero value, which pulls multi-call searches towards answering early",
     )
     critic_mix: float = Field(
         1.0, ge=0, le=1, description="a in Q = a*Q_mcts + (1-a)*Q_critic (1 = no critic)"
@@ -120,6 +122,9 @@ class DeriveConfig(Section):
     margin: float = Field(0.2, ge=0, description="theta: least value gap for a step pair")
     min_visits: int = Field(1, ge=0, description="least visits of both actions of a step pair")
     sft_per_task: int = Field(2, ge=1, description="k: successful trajectories kept per task")
+    sft_fewest_steps: bool = Field(
+        False, description="rejection-sampling SFT keeps only a task's successes with its fewest steps (no "
+        "trajectory with a redundant call when a shorter success exists)")
     replay_low: float = Field(0.0, ge=0, le=1, description="GRPO replay: p_success above this")
     replay_high: float = Field(1.0, ge=0, le=1, description="GRPO replay: p_success below this")
     balance_by: str | None = Field(

@@ -160,5 +160,10 @@ def write_results(result: dict[str, Any], out: str | Path, *, command: str) -> d
     rows = results_rows(result)
     (out / "results.json").write_text(json.dumps({"command": command, "seconds": result["seconds"], "rows": rows},
                                                  indent=1, default=str))
-    (out / "results.md").write_text(results_markdown(rows, command=command, seconds=result["seconds"]) + "\n")
+    text = results_markdown(rows, command=command, seconds=result["seconds"])
+    fork = result.get("forked_from")
+    if fork:
+        text = (f"Rounds 0-{fork['rounds']} are those of the experiment in {fork['out_dir']} (forked: made under its "
+                f"settings, journal config {fork['config']}); later rounds ran here.\n\n{text}")
+    (out / "results.md").write_text(text + "\n")
     return {"markdown": out / "results.md", "json": out / "results.json", "plot": plot_success(rows, out / "success.png")}

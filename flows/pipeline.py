@@ -105,12 +105,14 @@ class Journal:
         self.path = path
         self.key = stable_hash(config.model_dump(mode="json", exclude={"runtime", "rounds"}))
         self.done: dict[str, Any] = {}
+        self.forked_from: dict[str, Any] | None = None
         if path.is_file():
             saved = json.loads(path.read_text())
             if saved.get("config") != self.key:
                 raise ValueError(f"{path} belongs to another pipeline config; use another out_dir or run id, "
                                  "or delete the journal to start over")
             self.done = saved["stages"]
+            self.forked_from = saved.get("forked_from")
 
     def run(self, key: str, work: Any) -> Any:
         """The stored result of stage `key`, or `work()`'s, stored once it returns."""
@@ -120,11 +122,72 @@ class Journal:
             return self.done[key]
         result = work()
         self.done[key] = json.loads(json.dumps(result, default=str))
+        self.save()
+        return self.done[key]
+
+    def save(self) -> None:
+        import json
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"config": self.key, "stages": self.done}, indent=1, sort_keys=True))
+        saved = {"config": self.key, "stages": self.done}
+        if self.forked_from is not None:
+            saved["forked_from"] = self.forked_from
+        tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
         tmp.replace(self.path)
-        return self.done[key]
+
+
+def forked_from(out_dir: str | Path) -> dict[str, Any] | None:
+    """The `forked_from` record of the pipeline journal in `out_dir` (None: not a fork, or no journal)."""
+    import json
+
+    path = Path(out_dir) / "journal.json"
+    return json.loads(path.read_text()).get("forked_from") if path.is_file() else None
+
+
+def fork_pipeline(source_out_dir: str | Path, source_store: str | Path, config: PipelineConfig, rounds: int) -> Journal:
+    """Start `config`'s pipeline from the first `rounds` finished rounds of another: its store is
+    copied to config.engine.store and its journal's stages r0..r`rounds` become the new
+    journal's (marked `forked_from`), so only the later rounds run, under the new settings.
+    Checkpoints stay where the source wrote them (the journal points at them). For ablations
+    of later rounds without paying for the earlier ones again; the results table's first rounds
+    are the source's, made under its settings. The new run id must differ from the source's
+    (its later rounds' shards are in the copied store)."""
+    import json
+    import re
+    import shutil
+
+    from storage import Store
+
+    source_out_dir, source_store = Path(source_out_dir), Path(source_store)
+    source = source_out_dir / "journal.json"
+    if not source.is_file():
+        raise ValueError(f"cannot fork {source_out_dir}: no journal.json there (the pipeline's out_dir)")
+    journal_path = Path(config.out_dir) / "journal.json"
+    store = Path(config.engine.store)
+    if journal_path.exists() or store.exists():
+        raise ValueError(f"cannot fork into {config.out_dir}: {journal_path if journal_path.exists() else store} "
+                         "exists; choose a new folder")
+    saved = json.loads(source.read_text())
+    stages = saved.get("stages", {})
+    missing = [k for k in ["r0/evaluate"] + [f"r{r}/evaluate" for r in range(1, rounds + 1)] if k not in stages]
+    if missing:
+        raise ValueError(f"cannot fork {rounds} rounds of {source_out_dir}: unfinished stages {missing}")
+    kept = {k: v for k, v in stages.items() if int(k.split("/", 1)[0][1:]) <= rounds}
+    shutil.copytree(source_store, store)
+    later = re.compile(re.escape(config.run_id) + r"/r(\d+)(/|$)")
+    taken = [r for r in Store(store).runs().select("run_id").unique().collect()["run_id"].sort().to_list()
+             if (m := later.match(r)) and int(m.group(1)) > rounds]
+    if taken:
+        shutil.rmtree(store)
+        raise ValueError(f"cannot fork: run {taken[0]!r} is in {source_store} already; give the fork another run id "
+                         "(--set run_id=NAME)")
+    journal = Journal(journal_path, config)
+    journal.done = kept
+    journal.forked_from = {"out_dir": str(source_out_dir), "store": str(source_store), "rounds": rounds,
+                           "config": saved.get("config")}
+    journal.save()
+    return journal
 
 
 def round_levels(config: PipelineConfig, r: int) -> list[int] | None:
@@ -211,6 +274,7 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
     )
     return {"run_id": config.run_id, "store": store, "out_dir": str(out), "rounds": rounds, "evals": evals,
             "baseline": evaluate(engine.policy.model, 0)["result"], "model": model, "table": table,
+            "forked_from": journal.forked_from,
             "seconds": time.perf_counter() - start}
 
 

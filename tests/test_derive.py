@@ -190,6 +190,8 @@ def test_rejection_sft_dedup_rank_and_k():
     # Near dedup drops T4 too: it repeats T0's call with one extra turn.
     near = rejection_sft(trajs, per_task=2, near_threshold=0.8)
     assert near["example_id"].to_list() == ["rs/r1/T0", "rs/r1/U1"]
+    # fewest_steps: T4 (3 steps) loses to the task's 2-step successes before ranking.
+    assert rejection_sft(trajs, per_task=2, fewest_steps=True)["example_id"].to_list() == ["rs/r1/T0", "rs/r1/U1"]
 
 
 def test_replay_bounds(frames):

@@ -84,6 +84,43 @@ def test_journal_refuses_another_config(tmp_path):
         Journal(tmp_path / "journal.json", b)
 
 
+def test_fork_starts_from_the_first_rounds_of_another_experiment(tmp_path):
+    """A fork copies the store and reuses the source's journal stages of the rounds it takes,
+    keyed to its own config; the source's later rounds and a clashing run id are refused."""
+    from dataengine.experiment import experiment_config
+    from flows.pipeline import Journal, fork_pipeline, forked_from
+    from storage import Store
+
+    source = experiment_config(out=str(tmp_path / "a"), suites=["arithmetic"], model="tiny", rounds=2)
+    store = Store(source.engine.store)
+    for run in ("experiment", "experiment/r1", "experiment/r2"):
+        store.record_run(run, kind="generate", seed=0)
+    journal = Journal(Path(source.out_dir) / "journal.json", source)
+    for key in ("r0/evaluate", "r1/generate", "r1/evaluate", "r2/generate"):
+        journal.run(key, lambda key=key: {"stage": key})
+
+    def fork(name: str, rounds: int = 1, **overrides):
+        cfg = experiment_config(out=str(tmp_path / name), suites=["arithmetic"], model="tiny", rounds=2,
+                                overrides={"engine__search__objective": "efficient_success", **overrides})
+        return cfg, fork_pipeline(source.out_dir, source.engine.store, cfg, rounds)
+
+    with pytest.raises(ValueError, match="experiment/r2"):
+        fork("same-id")
+    assert not (tmp_path / "same-id" / "store").exists()
+    with pytest.raises(ValueError, match=r"unfinished stages \['r2/evaluate'\]"):
+        fork("too-far", rounds=2, run_id="fork")
+    cfg, forked = fork("b", run_id="fork")
+    assert sorted(forked.done) == ["r0/evaluate", "r1/evaluate", "r1/generate"]
+    assert forked.key != journal.key and forked_from(cfg.out_dir)["rounds"] == 1
+    reopened = Journal(Path(cfg.out_dir) / "journal.json", cfg)
+    assert reopened.run("r1/generate", lambda: 1 / 0) == {"stage": "r1/generate"}
+    reopened.run("r2/generate", lambda: {"stage": "new"})
+    assert forked_from(cfg.out_dir)["out_dir"] == source.out_dir
+    assert Store(cfg.engine.store).runs().collect().height == store.runs().collect().height
+    with pytest.raises(ValueError, match="exists; choose a new folder"):
+        fork_pipeline(source.out_dir, source.engine.store, cfg, 1)
+
+
 def test_chained_training_stages_on_derived_sets(tmp_path):
     """The experiment's chain on a hand-built tree with successes and pairs (the tiny model finds
     none by itself): derive -> export -> SFT -> DPO from the SFT checkpoint, both registered."""

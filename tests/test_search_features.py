@@ -14,6 +14,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+import polars as pl
 import pytest
 import torch
 
@@ -585,6 +586,71 @@ def test_success_objective_scores_rollouts_by_success(env, tasks):
     wrong = lambda conv, seed, i: "-1"  # noqa: E731
     assert run(wrong, "composite") > 0 and run(wrong, "success") == 0
     assert run(right, "success") == 1.0
+
+
+def test_efficient_success_objective_halves_a_success_with_a_repeated_call(env, tasks):
+    """A one-call task: after the right call the policy answers or repeats the call. Under
+    "efficient_success" the clean success backs up 1 and the repeated one 1/3 (one step beyond
+    the reference plus one repeat), so the step pairs prefer answering; under "success" both
+    are worth 1 and no pair separates them. The composite reward in the rows is the same."""
+    from dataengine.derive.pairs import step_pairs
+
+    task = tasks[1]  # What is 4628 * 289? (one multiply)
+    gold = task.gold.calls[0]
+    right = call(gold.name, gold.arguments["a"], gold.arguments["b"])
+
+    def reply(conv, seed, i):
+        return [right, [task.gold.answer, right][i % 2], task.gold.answer][min(turn(conv), 2)]
+
+    q, pairs = {}, {}
+    for objective in ("success", "efficient_success"):
+        cfg = config(search__objective=objective, search__num_simulations=12, search__widening=False, search__value="rollout")
+        batch = search_batch([task], policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        rows = batch_rows(batch, "rules@0")[0]
+        q[objective] = sorted((r["depth"], round(r["q"], 4)) for r in rows if r["terminal"] and r["success"])
+        pairs[objective] = step_pairs(pl.DataFrame(rows).lazy().with_columns(run_id=pl.lit("r"))).collect()
+    assert q["success"] == [(2, 1.0), (3, 1.0)]
+    assert q["efficient_success"] == [(2, 1.0), (3, round(1 / 3, 4))]
+    assert pairs["success"].height == 0
+    (pair,) = pairs["efficient_success"].iter_rows(named=True)
+    assert task.gold.answer in pair["chosen_json"] and "tool_call" in pair["rejected_json"]
+
+
+def test_only_a_clean_success_solves_a_tree_under_efficient_success(env, tasks):
+    """The policy always repeats its call before answering: under "success" the first success
+    stops the tree (solved_policy "stop"); under "efficient_success" that success wastes steps,
+    so the tree keeps searching for a shorter one."""
+    task = tasks[1]
+    gold = task.gold.calls[0]
+    right = call(gold.name, gold.arguments["a"], gold.arguments["b"])
+
+    def reply(conv, seed, i):
+        return task.gold.answer if turn(conv) >= 2 else right
+
+    sims = {}
+    for objective in ("success", "efficient_success"):
+        cfg = config(search__objective=objective, search__num_simulations=12, search__solved_policy="stop")
+        batch = search_batch([task], policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        assert batch_success(batch)
+        sims[objective] = int(batch.tree.num_simulations[0])
+    assert sims["success"] < 12 == sims["efficient_success"]
+
+
+def test_efficiency_score_counts_steps_beyond_the_reference_and_repeats():
+    from dataengine.types import Action, Episode, Step, ToolCall
+    from dataengine.verifiers.efficiency import efficiency_score
+
+    task = generate_suite("arithmetic", n_train=2, n_heldout=0, seed=0)[1]
+    gold = task.gold.calls[0]
+    act = Action(text="", tool_calls=[ToolCall(name=gold.name, arguments=gold.arguments)])
+    answer = Action(text=str(task.gold.answer), final_answer=str(task.gold.answer))
+
+    def episode(*actions):
+        return Episode(task=task, steps=[Step(action=a) for a in actions])
+
+    assert efficiency_score(episode(act, answer)) == 1.0
+    assert efficiency_score(episode(act, act, answer)) == 1 / 3
+    assert efficiency_score(episode(act, answer), slack=1) == 1.0
 
 
 # ---------------------------------------------------------------- reference value (oracle-assisted)

@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed", help="Seed of tasks, sampling and search.")] = 0,
         config: Annotated[Path | None, typer.Option("--config", help="PipelineConfig file (YAML/TOML) with the rest; flags override it.")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+        fork_from: Annotated[Path | None, typer.Option("--fork-from", help="Another experiment's --out: start from its first --fork-rounds finished rounds (store copied, journal stages reused) and run only the later rounds here, under these settings; needs a new run id (--set run_id=NAME).")] = None,
+        fork_rounds: Annotated[int, typer.Option("--fork-rounds", min=0, help="Rounds taken from --fork-from.")] = 1,
     ) -> None:
         """Run a self-improvement experiment and write results.md / results.json / success.png
         (and the HTML report) under --out. A killed experiment resumes at the stage it reached."""
@@ -60,6 +62,18 @@ def register(app: typer.Typer) -> None:
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        if fork_from is not None:
+            from flows.pipeline import fork_pipeline, forked_from
+
+            source = str(fork_from / "pipeline")
+            try:
+                if not (Path(cfg.out_dir) / "journal.json").exists():
+                    fork_pipeline(source, fork_from / "store", cfg, fork_rounds)
+                elif (forked_from(cfg.out_dir) or {}).get("out_dir") != source:
+                    raise ValueError(f"{cfg.out_dir} holds a pipeline that was not forked from {source}")
+            except ValueError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
         result = run_pipeline(cfg)
         command = "dataengine " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         written = write_results(result, out, command=command)

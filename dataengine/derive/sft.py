@@ -33,13 +33,16 @@ def rejection_sft(
     per_task: int = SFT_PER_TASK,
     near_threshold: float | None = None,
     embedder: str = "ngram",
+    fewest_steps: bool = False,
     run_ids: list[str] | None = None,
 ) -> pl.DataFrame:
     """The rejection-sampling SFT set (eager: near dedup embeds the texts).
 
     Exact duplicates: equal normalised messages (whitespace collapsed; storage.dedup); near
     duplicates (with `near_threshold`, cosine of hashed n-gram embeddings): only within a task.
-    The best copy is kept because rows are ranked before dedup.
+    The best copy is kept because rows are ranked before dedup. fewest_steps: only the
+    successes with the task's fewest steps compete (a success that wastes a call is dropped
+    when the task has a shorter one).
     """
     from storage.dedup import dedup_frame
 
@@ -67,6 +70,7 @@ def rejection_sft(
             .list.join("\n"),
             steps=pl.coalesce(pl.col("num_steps"), count_assistant(pl.col("messages"))).cast(pl.Int64),
         )
+        .filter(~pl.lit(fewest_steps) | (pl.col("steps") == pl.col("steps").min().over("run_id", "task_id")))
         .sort(["run_id", "task_id", "reward", "steps", "traj_id"], descending=[False, False, True, False, False],
               nulls_last=True)
         .join(task_info(tasks).select("run_id", "task_id", "tools_json"), on=["run_id", "task_id"], how="left",

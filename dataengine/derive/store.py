@@ -63,7 +63,8 @@ class DeriveOptions:
 
     margin, min_visits, critic_weight: step pairs (see step_pairs).
     pairs_per_task, pair_min_margin: trajectory pairs.
-    sft_per_task, near_threshold: rejection-sampling SFT (near_threshold None: exact dedup only).
+    sft_per_task, near_threshold, sft_fewest_steps: rejection-sampling SFT (near_threshold None:
+        exact dedup only; sft_fewest_steps: only each task's shortest successes).
     same_state: recovery splices only where the tool state is unchanged (replay prefixes need no
         such filter: GRPO replays a prefix's tool calls).
     replay_low, replay_high, replay_min_samples, replay_prefixes: GRPO replay.
@@ -75,6 +76,7 @@ class DeriveOptions:
     pairs_per_task: int = PAIRS_PER_TASK
     pair_min_margin: float = 0.0
     sft_per_task: int = SFT_PER_TASK
+    sft_fewest_steps: bool = False
     near_threshold: float | None = None
     same_state: bool = True
     replay_low: float = 0.0
@@ -86,6 +88,7 @@ class DeriveOptions:
     def from_config(cls, config: Any, **overrides: Any) -> DeriveOptions:
         """From a config.DeriveConfig (margin, min_visits, sft_per_task, replay_low/high)."""
         base = {"margin": config.margin, "min_visits": config.min_visits, "sft_per_task": config.sft_per_task,
+                "sft_fewest_steps": config.sft_fewest_steps,
                 "replay_low": config.replay_low, "replay_high": config.replay_high}
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
@@ -129,6 +132,7 @@ def _derive_frame(kind: str, sources: dict[str, pl.LazyFrame | None], options: D
                                  run_ids=run_ids).select(PAIR_COLUMNS)
     elif kind == "sft":
         return rejection_sft(trajs, tasks, per_task=o.sft_per_task, near_threshold=o.near_threshold,
+                             fewest_steps=o.sft_fewest_steps,
                              run_ids=run_ids).select(SFT_COLUMNS)
     elif kind == "recovery":
         frame = recovery_examples(nodes, trajs, tasks, same_state=o.same_state, run_ids=run_ids).select(SFT_COLUMNS)

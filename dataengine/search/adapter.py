@@ -54,9 +54,10 @@ from dataengine.search.nodes import (
     widen_cap,
 )
 from dataengine.search.variants import argument_variants, context_numbers, same_signature
-from dataengine.types import Task, stable_hash
+from dataengine.types import Episode, Task, stable_hash
 from dataengine.values import AICritic, RolloutValue, mix_q, reference_progress
 from dataengine.verifiers.composite import CompositeReward
+from dataengine.verifiers.efficiency import efficiency_score
 
 # Rollouts use another seed than expansions of the same state, so rollout i is not candidate i.
 ROLLOUT_SEED_OFFSET = 1_000_003
@@ -100,10 +101,22 @@ class ExpandCounters:
     value_seconds: float = 0.0
 
 
-def search_return(reward: CompositeReward, result: Any, objective: str) -> float:
-    """What a finished episode is worth to the search: its composite reward, or under objective
-    "success" the success weight if it succeeded and 0 if not."""
-    return reward.weights.success * float(result.success) if objective == "success" else result.reward
+def search_return(reward: CompositeReward, result: Any, objective: str, episode: Episode | None = None) -> float:
+    """What a finished episode (`result`: its RewardResult or terminal node) is worth to the
+    search: its composite reward; under objective "success" the success weight if it succeeded
+    and 0 if not; under "efficient_success" that success weight times the episode's
+    `efficiency_score` (1 / (1 + steps beyond the reference + repeated calls)), so a success
+    with a redundant call is worth half a clean one and still more than any failure."""
+    if objective == "composite":
+        return result.reward
+    if not result.success:
+        return 0.0
+    if objective == "efficient_success":
+        if episode is None:
+            raise ValueError("objective 'efficient_success' needs the episode to count its steps")
+        return reward.weights.success * efficiency_score(episode)
+    return reward.weights.success
+
 
 
 class LeafValue:
@@ -144,7 +157,7 @@ class LeafValue:
             self.rollout = RolloutValue(
                 policy,
                 env,
-                lambda episode: search_return(reward, reward.score(episode), objective),
+                lambda episode: search_return(reward, reward.score(episode), objective, episode),
                 rollouts=rollouts,
                 max_steps=rollout_steps,
                 max_new_tokens=max_new_tokens,
@@ -314,7 +327,7 @@ class LLMExpander:
                 node.reward, node.success, node.verdicts = result.reward, result.success, list(result.verdicts)
                 self.counters.terminal += 1
                 self.counters.successes += int(result.success)
-                if result.success:
+                if result.success and self._solves(node):
                     self._mark_solved(h)
             elif self.search.process_reward_cap > 0:
                 node.reward, node.verdicts = self._process_reward(node)
@@ -326,7 +339,7 @@ class LLMExpander:
         for (i, j), h in zip(slots, children):
             node = self.table[h]
             # The row keeps the composite reward; the tree backs up the search's objective.
-            reward[i, j] = search_return(self.reward, node, self.search.objective) if node.terminal else node.reward
+            reward[i, j] = self._return(node) if node.terminal else node.reward
             terminal[i, j] = node.terminal
             if not node.terminal:
                 node.value_estimate = estimates[h]
@@ -499,6 +512,15 @@ class LLMExpander:
         if first != handle:
             node.transposition_of = first
             self.counters.transpositions += 1
+
+    def _return(self, node: SearchNode) -> float:
+        episode = node.state.episode() if self.search.objective == "efficient_success" else None
+        return search_return(self.reward, node, self.search.objective, episode)
+
+    def _solves(self, node: SearchNode) -> bool:
+        """A successful terminal solves its tree, except under objective "efficient_success"
+        when it wasted steps: the search goes on for a shorter success (widening included)."""
+        return self.search.objective != "efficient_success" or self._return(node) >= self.reward.weights.success
 
     def _mark_solved(self, handle: int) -> None:
         """A successful terminal: its tree is solved and every ancestor has a success below."""

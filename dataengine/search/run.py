@@ -63,10 +63,10 @@ def reward_bounds(
     reward: CompositeReward, process_reward_cap: float = 0.0, objective: str = "composite"
 ) -> tuple[float, float]:
     """(lowest, highest) return of a path: the syntax penalty cap to success plus all shaping
-    (objective "success": 0 to success), widened by the process reward cap (a whole path adds at
+    (objectives "success" and "efficient_success": 0 to success), widened by the process reward cap (a whole path adds at
     most the cap)."""
     w = reward.weights
-    if objective == "success":
+    if objective in ("success", "efficient_success"):
         return -process_reward_cap, w.success + process_reward_cap
     return w.syntax_penalty_cap - process_reward_cap, w.success + w.shaping_cap + process_reward_cap
 

@@ -29,6 +29,19 @@ def repeated_calls(episode: Episode) -> int:
     return repeats
 
 
+def wasted_steps(episode: Episode, slack: int = 0) -> tuple[int, int]:
+    """(extra, repeats): steps beyond the reference plus `slack`, and calls repeated from the
+    step just before. Their sum is what EfficiencyVerifier and the search's objective
+    "efficient_success" count as waste."""
+    extra = max(0, len(episode.steps) - reference_steps(episode.task) - slack)
+    return extra, repeated_calls(episode)
+
+
+def efficiency_score(episode: Episode, slack: int = 0) -> float:
+    """1 / (1 + extra + repeats) (`wasted_steps`): 1 for an episode no longer than it needs."""
+    return 1.0 / (1.0 + sum(wasted_steps(episode, slack)))
+
+
 class EfficiencyVerifier:
     """Penalise steps beyond the reference and calls repeated from the step just before.
 
@@ -47,8 +60,7 @@ class EfficiencyVerifier:
         if not episode.steps:
             return not_applicable(self.name, self.version, "episode has no steps")
         ref = reference_steps(episode.task)
-        extra = max(0, len(episode.steps) - ref - self.slack)
-        repeats = repeated_calls(episode)
+        extra, repeats = wasted_steps(episode, self.slack)
         bad = extra + repeats
         return verdict(
             self.name, self.version, bad == 0, 1.0 / (1.0 + bad), steps=len(episode.steps), reference=ref, extra=extra, repeats=repeats
