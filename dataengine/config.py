@@ -64,7 +64,7 @@ class SearchConfig(Section):
         description="what the tree backs up at an episode's end and what rollouts score: the composite reward "
         "(success plus capped shaping less the syntax penalty; rows store it either way), success alone (1 or 0), "
         "or efficient_success: success times 1 / (1 + steps beyond the task's reference + calls repeated from the "
-        "step before), so a success with a redundant call is worth half a clean one, and only a clean success "
+        "step before), so a success with one repeated call is worth 1/3 of a clean one, and only a clean success "
         "solves a tree (solved_policy, widening). Under composite a wrong final answer earns up to 0.15 of shaping, "
         "more than an unexplored continuation's zero value, which pulls multi-call searches towards answering early",
     )

@@ -106,7 +106,7 @@ def search_return(reward: CompositeReward, result: Any, objective: str, episode:
     search: its composite reward; under objective "success" the success weight if it succeeded
     and 0 if not; under "efficient_success" that success weight times the episode's
     `efficiency_score` (1 / (1 + steps beyond the reference + repeated calls)), so a success
-    with a redundant call is worth half a clean one and still more than any failure."""
+    with one repeated call is worth 1/3 of a clean one and still more than any failure."""
     if objective == "composite":
         return result.reward
     if not result.success:
@@ -116,7 +116,6 @@ def search_return(reward: CompositeReward, result: Any, objective: str, episode:
             raise ValueError("objective 'efficient_success' needs the episode to count its steps")
         return reward.weights.success * efficiency_score(episode)
     return reward.weights.success
-
 
 
 class LeafValue:

@@ -63,8 +63,8 @@ def reward_bounds(
     reward: CompositeReward, process_reward_cap: float = 0.0, objective: str = "composite"
 ) -> tuple[float, float]:
     """(lowest, highest) return of a path: the syntax penalty cap to success plus all shaping
-    (objectives "success" and "efficient_success": 0 to success), widened by the process reward cap (a whole path adds at
-    most the cap)."""
+    (objectives "success" and "efficient_success": 0 to success), widened by the process reward
+    cap (a whole path adds at most the cap)."""
     w = reward.weights
     if objective in ("success", "efficient_success"):
         return -process_reward_cap, w.success + process_reward_cap
