@@ -319,14 +319,17 @@ class LLMExpander:
         self.counters.nodes += len(children)
 
         start = time.perf_counter()
+        returns: dict[int, float] = {}  # terminal handle -> what it backs up (search_return)
         for h in children:
             node = self.table[h]
             if node.terminal:
-                result = self.reward.score(node.state.episode())
+                episode = node.state.episode()
+                result = self.reward.score(episode)
                 node.reward, node.success, node.verdicts = result.reward, result.success, list(result.verdicts)
+                returns[h] = search_return(self.reward, result, self.search.objective, episode)
                 self.counters.terminal += 1
                 self.counters.successes += int(result.success)
-                if result.success and self._solves(node):
+                if result.success and self._solves(returns[h]):
                     self._mark_solved(h)
             elif self.search.process_reward_cap > 0:
                 node.reward, node.verdicts = self._process_reward(node)
@@ -338,7 +341,7 @@ class LLMExpander:
         for (i, j), h in zip(slots, children):
             node = self.table[h]
             # The row keeps the composite reward; the tree backs up the search's objective.
-            reward[i, j] = self._return(node) if node.terminal else node.reward
+            reward[i, j] = returns[h] if node.terminal else node.reward
             terminal[i, j] = node.terminal
             if not node.terminal:
                 node.value_estimate = estimates[h]
@@ -512,14 +515,11 @@ class LLMExpander:
             node.transposition_of = first
             self.counters.transpositions += 1
 
-    def _return(self, node: SearchNode) -> float:
-        episode = node.state.episode() if self.search.objective == "efficient_success" else None
-        return search_return(self.reward, node, self.search.objective, episode)
-
-    def _solves(self, node: SearchNode) -> bool:
-        """A successful terminal solves its tree, except under objective "efficient_success"
-        when it wasted steps: the search goes on for a shorter success (widening included)."""
-        return self.search.objective != "efficient_success" or self._return(node) >= self.reward.weights.success
+    def _solves(self, value: float) -> bool:
+        """A successful terminal (backing up `value`) solves its tree, except under objective
+        "efficient_success" when it wasted steps: the search goes on for a shorter success
+        (widening included)."""
+        return self.search.objective != "efficient_success" or value >= self.reward.weights.success
 
     def _mark_solved(self, handle: int) -> None:
         """A successful terminal: its tree is solved and every ancestor has a success below."""
