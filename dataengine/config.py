@@ -131,6 +131,10 @@ class DeriveConfig(Section):
         None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="the pipeline's exports: oversample rows so every value of this task metadata field "
         "(e.g. level) has as many as the most frequent one; None: the rows as derived")
+    balance_kinds: list[Literal["pairs", "sft", "replay"]] = Field(
+        default_factory=lambda: ["pairs", "sft", "replay"],
+        description="which exports balance_by applies to; the others keep the rows as derived (oversampling "
+        "one level's pairs also multiplies whatever those pairs prefer)")
 
 
 class GenerateConfig(Section):

@@ -83,16 +83,19 @@ def export_flow(
     format: Literal["parquet", "jsonl", "hf"] = "parquet",
     include_logprobs: bool = True,
     balance_by: str | None = None,
+    balance_kinds: list[Literal["pairs", "sft", "replay"]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Export the derived tables in TRL formats (pairs: preference, sft: messages, replay:
     prompt-only) to `out_dir/<kind>.parquet` (a file) or `out_dir/<kind>` (jsonl, hf: a dataset
     folder), each with its lineage; kinds None: all three; run_ids None: every run; balance_by: a
-    task metadata field whose values get equal row counts by oversampling (storage.export)."""
+    task metadata field whose values get equal row counts by oversampling (storage.export), in the
+    kinds of balance_kinds (None: every kind exported)."""
     kinds = list(kinds or EXPORTS)
     run_ids = list(run_ids or [])
     suffix = ".parquet" if format == "parquet" else ""
     futures = {k: export_task.submit(store, k, str(Path(out_dir) / f"{k}{suffix}"), format, list(run_ids) or None,
-                                     include_logprobs and k == "pairs", balance_by)
+                                     include_logprobs and k == "pairs",
+                                     balance_by if balance_kinds is None or k in balance_kinds else None)
                for k in kinds}
     results = {k: f.result() for k, f in futures.items()}
     create_markdown_artifact(

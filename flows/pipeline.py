@@ -236,7 +236,8 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
         derived = journal.run(f"r{r}/derive", timed(lambda: derive_flow(
             store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=engine.derive)))
         exported = journal.run(f"r{r}/export", timed(lambda: export_flow(
-            store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run], balance_by=engine.derive.balance_by)))["result"]
+            store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run], balance_by=engine.derive.balance_by,
+            balance_kinds=list(engine.derive.balance_kinds))))["result"]
         checkpoints = []
         # The search policy is reloaded from the new checkpoint anyway; training needs its memory.
         release_policies()

@@ -141,6 +141,10 @@ def test_export_then_train_dpo_flow_resumes(tmp_path):
     balanced = export_flow(store=str(store.root), out_dir=str(tmp_path / "bal"), kinds=["pairs"], run_ids=["p/r1"],
                            balance_by="level")
     assert balanced["pairs"]["balance"] == {"by": "level", "rows_before": {"1": 1}}
+    # balance_kinds leaves the other exports as derived.
+    unbalanced = export_flow(store=str(store.root), out_dir=str(tmp_path / "unbal"), kinds=["pairs"], run_ids=["p/r1"],
+                             balance_by="level", balance_kinds=["sft"])
+    assert unbalanced["pairs"]["balance"] == {} and unbalanced["pairs"]["rows"] == 1
     settings = DPOTrainConfig(init="tiny", out_dir=str(tmp_path / "ckpt"), run_id="p/r1", max_steps=1, batch_size=1,
                               max_length=128, device="cpu")
     args = {"data": exported["pairs"]["path"], "store": str(store.root), "config": settings}
