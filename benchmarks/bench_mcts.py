@@ -170,17 +170,24 @@ def python_baseline(env: SyntheticEnv, num_trees: int, num_simulations: int) -> 
 
 
 def batched(
-    env: SyntheticEnv, policy, b: int, num_simulations: int, leaves: int, device: str
+    env: SyntheticEnv, policy, b: int, num_simulations: int, leaves: int, device: str, graphs: bool | None = None,
+    split: bool = False,
 ) -> tuple[float, torch.Tensor]:
-    """(simulations/s, `[B, K]` root visit counts) of one batched search of b trees (after a warm-up)."""
+    """(simulations/s, `[B, K]` root visit counts) of one batched search of b trees (after a warm-up).
+
+    graphs: mcts.search's CUDA graphs (default: on for CUDA with L = 1); each search captures its
+    own graphs, and that capture is inside the timed call. The environment's expand is graph-safe,
+    so whole iterations are graphs; split=True hides that, so it runs eagerly between graphs."""
     kwargs = {"dirichlet_fraction": 0.0} if policy is mcts.muzero_policy else {}
-    policy(env.root(min(b, 2), device=device), env.expand, num_simulations=4, device=device, **kwargs)
+    kwargs["graphs"] = graphs
+    expand = (lambda p, a, v: env.expand(p, a, v)) if split else env.expand
+    policy(env.root(min(b, 2), device=device), expand, num_simulations=4, device=device, **kwargs)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     clock = time.perf_counter if device.startswith("cuda") else CLOCK
     start = clock()
     out = policy(
-        env.root(b, device=device), env.expand, num_simulations=num_simulations,
+        env.root(b, device=device), expand, num_simulations=num_simulations,
         leaves_per_iteration=leaves, device=device, **kwargs,
     )
     if device.startswith("cuda"):
@@ -338,6 +345,11 @@ def main() -> None:
             n = min(b, len(base_visits))
             same = sum(visits[i].tolist() == base_visits[i] for i in range(n))
             line += f"  (root visits equal to baseline in {same}/{n} trees)"
+        if device.startswith("cuda") and leaves == 1:
+            split = max(batched(env, policy, b, sims, leaves, device, split=True)[0] for _ in range(args.repeats))
+            eager = max(batched(env, policy, b, sims, leaves, device, graphs=False)[0] for _ in range(args.repeats))
+            line += f"\n{'  graphs, expand eager between them':34s}: {split:>11,.0f} sim/s"
+            line += f"\n{'  no CUDA graphs (eager)':34s}: {eager:>11,.0f} sim/s  graphs x{rate / eager:5.2f}"
         peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats, device) if leaves == 1 else None
         if peer is not None:
             line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"

@@ -119,10 +119,10 @@ def gumbel_muzero_root_action_selection(
     chosen = masked_argmax(scores, stats.invalid)
     # Past the planned budget no action has exactly the considered count: fall back to the
     # interior rule so a resumed search still spreads its visits sensibly.
+    # Computed for every tree, not behind a host-side `stuck.any()`: the selection stays free of
+    # device-to-host syncs, so a CUDA graph can replay it (mcts.search, graphs).
     stuck = torch.isneginf(scores.masked_fill(stats.invalid, float("-inf")).max(-1).values)
-    if stuck.any():
-        chosen = torch.where(stuck, gumbel_muzero_interior_action_selection(stats, qtransform=qtransform), chosen)
-    return chosen
+    return torch.where(stuck, gumbel_muzero_interior_action_selection(stats, qtransform=qtransform), chosen)
 
 
 def gumbel_muzero_interior_action_selection(

@@ -66,6 +66,11 @@ class ExpandFn(Protocol):
     valid: `[B, L]` bool, False where slot (b, l) holds no leaf this iteration (budget spent,
       tree full, or a collision under virtual loss); outputs there are ignored.
     Returns an ExpandOutput whose tensors are `[B, L]` (`[B, L, K]` for prior_logits).
+
+    A function that is only tensor ops on its inputs (no reads back to the host, the same
+    shapes every call; e.g. SyntheticEnv.expand) may carry `graph_safe = True`: on CUDA with
+    L = 1 and no widening the search then records whole iterations in one CUDA graph and calls
+    it every iteration, also when `valid` is all False.
     """
 
     def __call__(

@@ -104,6 +104,7 @@ def muzero_policy(
     temperature: float = 1.0,
     device: torch.device | str | None = None,
     widen_fn: WidenFn | None = None,
+    graphs: bool | None = None,
 ) -> PolicyOutput:
     """PUCT search (AlphaZero/MuZero) with Dirichlet root noise; acts by root visit counts.
 
@@ -111,6 +112,7 @@ def muzero_policy(
     the action is sampled from (0: most visited). action_weights are the visit probabilities.
     widen_fn: progressive widening (mcts.WidenFn; default: expand_fn.widen if it has one).
     Widening the root replaces its logits, root noise included.
+    graphs: CUDA graphs for selection and backup (mcts.search; default on for CUDA with L = 1).
     """
     tree = _start(root, num_simulations, max_nodes, device)
     generator = make_generator(seed, tree.device)
@@ -136,6 +138,7 @@ def muzero_policy(
         virtual_loss=virtual_loss,
         generator=generator,
         widen_fn=widen_fn,
+        graphs=graphs,
     )
     action, weights = _visit_policy(tree, temperature, generator)
     return PolicyOutput(action=action, action_weights=weights, search_tree=tree)
@@ -156,6 +159,7 @@ def uct_policy(
     temperature: float = 1.0,
     device: torch.device | str | None = None,
     widen_fn: WidenFn | None = None,
+    graphs: bool | None = None,
 ) -> PolicyOutput:
     """UCT search as in Agent Q (eq. 7); acts by root visit counts like muzero_policy."""
     tree = _start(root, num_simulations, max_nodes, device)
@@ -173,6 +177,7 @@ def uct_policy(
         virtual_loss=virtual_loss,
         generator=generator,
         widen_fn=widen_fn,
+        graphs=graphs,
     )
     action, weights = _visit_policy(tree, temperature, generator)
     return PolicyOutput(action=action, action_weights=weights, search_tree=tree)
@@ -193,6 +198,7 @@ def gumbel_muzero_policy(
     qtransform: QTransform = qtransform_completed_by_mix_value,
     device: torch.device | str | None = None,
     widen_fn: WidenFn | None = None,
+    graphs: bool | None = None,
 ) -> PolicyOutput:
     """Gumbel MuZero (Danihelka et al. 2022): Sequential Halving with Gumbel at the root.
 
@@ -233,6 +239,7 @@ def gumbel_muzero_policy(
         virtual_loss=virtual_loss,
         generator=generator,
         widen_fn=widen_fn,
+        graphs=graphs,
     )
     root_index = torch.full((tree.batch_size,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
     stats = node_stats(tree, root_index)

@@ -6,7 +6,10 @@ never over trees.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -197,12 +200,16 @@ def select_path(
     max_depth: int | None = None,
     generator: torch.Generator | None = None,
     virtual_loss: VirtualLoss | None = None,
+    steps: int | None = None,
 ) -> SelectedPath:
     """Walk every active tree from the root to a leaf, choosing actions with the given rules.
 
     The walk stops at an unexpanded edge (NEW), at an existing leaf that is terminal or at
     max_depth (REVISIT), or at a node whose every action is invalid or pending (DROPPED).
     active: `[B]` bool, trees that search in this slot.
+    steps: take exactly this many steps (at least the longest walk: the deepest node's depth
+      + 1) instead of stopping when every walk has ended, which asks the device each step. The
+      extra steps change nothing but draw tie-break noise.
     """
     b, k = tree.batch_size, tree.num_actions
     offsets = _row_offsets(tree)
@@ -216,7 +223,7 @@ def select_path(
     # Where each tree's walk ended, accumulated per depth and turned into `status` once.
     dropped, new, revisit = (torch.zeros_like(running) for _ in range(3))
     depth = 0
-    while bool(running.any()):
+    while (depth < steps) if steps is not None else bool(running.any()):
         flat = offsets + node
         stats = _stats_at(tree, flat, virtual_loss)
         select = root_action_selection_fn if depth == 0 else interior_action_selection_fn
@@ -280,18 +287,22 @@ def clear_virtual_loss(virtual_loss: VirtualLoss, path: SelectedPath) -> None:
         virtual_loss.node_visits[rows, n] = torch.where(keep, 0.0, virtual_loss.node_visits[rows, n])
 
 
-def backup(tree: Tree, leaf_index: torch.Tensor, active: torch.Tensor) -> None:
+def backup(tree: Tree, leaf_index: torch.Tensor, active: torch.Tensor, steps: int | None = None) -> None:
     """Back the value of `leaf_index[b]` up to the root of every active tree, in place.
 
     Along the path, G = r(s, a) + discount(s, a) * G starts from V(leaf); each parent's value
     becomes the running mean of the G it received, its visits grow by one, and the edge's
     children_values/children_visits are refreshed (mctx's backward).
+    steps: climb exactly this many levels (at least the deepest leaf's depth) instead of asking
+      the device at each level whether a path is still climbing; extra levels change nothing.
     """
     rows = torch.arange(tree.batch_size, device=tree.device)
     index = torch.where(active, leaf_index, ROOT_INDEX)
     value = tree.node_values[rows, index]
     running = active & (index != ROOT_INDEX)
-    while bool(running.any()):
+    level = 0
+    while (level < steps) if steps is not None else bool(running.any()):
+        level += 1
         parent = torch.where(running, tree.parents[rows, index], index).clamp_min(0)
         act = torch.where(running, tree.action_from_parent[rows, index], 0).clamp_min(0)
         reward = tree.children_rewards[rows, parent, act]
@@ -420,6 +431,51 @@ def _expand(
     return new_index, stop
 
 
+def _expand_dense(
+    tree: Tree, expand_fn: ExpandFn, parent: torch.Tensor, action: torch.Tensor, valid: torch.Tensor, nan: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """_expand() for one leaf per tree (`[B]` parent, action, valid) without asking the device
+    anything, so a CUDA graph can hold it: every tree writes one node row and one edge, and a
+    tree with nothing to expand rewrites the root's row and its (parent, action) edge unchanged.
+    NaN in the output is flagged in `nan` ([2]: logits, value) instead of raised here.
+    Returns the `[B]` new node indices (UNVISITED where not valid) and the `[B]` stop flags."""
+    b, k, dev, dtype = tree.batch_size, tree.num_actions, tree.device, tree.node_values.dtype
+    rows = torch.arange(b, device=dev)
+    out = expand_fn(tree.node_handle[rows, parent].unsqueeze(-1), action.unsqueeze(-1), valid.unsqueeze(-1))
+    _check_expand_output(out, b, 1, k)
+    logits = out.prior_logits[:, 0].to(device=dev, dtype=dtype)
+    value = out.value[:, 0].to(device=dev, dtype=dtype)
+    nan[0] |= (valid & torch.isnan(logits).any(-1)).any()
+    nan[1] |= (valid & torch.isnan(value)).any()
+    terminal = out.terminal[:, 0].to(dev).bool() | torch.isneginf(logits).all(-1)
+    value = torch.where(terminal, torch.zeros_like(value), value)
+    discount = torch.where(terminal, torch.zeros_like(value), out.discount[:, 0].to(device=dev, dtype=dtype))
+    idx = torch.where(valid, tree.num_nodes, ROOT_INDEX)
+    row0 = rows * tree.max_nodes
+    new_rows, parent_rows = row0 + idx, row0 + parent
+    edges = parent_rows * k + action
+
+    def put(field: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+        keep = valid.view(-1, *([1] * (index.dim() - 1)))
+        field.put_(index, torch.where(keep, values.to(field.dtype), torch.take(field, index)))
+
+    put(tree.children_index, edges, idx)
+    put(tree.children_rewards, edges, out.reward[:, 0].to(dev))
+    put(tree.children_discounts, edges, discount)
+    put(tree.parents, new_rows, parent)
+    put(tree.action_from_parent, new_rows, action)
+    put(tree.depth, new_rows, torch.take(tree.depth, parent_rows) + 1)
+    put(tree.node_handle, new_rows, out.handle[:, 0].to(dev))
+    put(tree.terminal, new_rows, terminal)
+    put(tree.raw_values, new_rows, value)
+    put(tree.node_values, new_rows, value)
+    put(tree.node_visits, new_rows, torch.ones_like(idx))
+    put(tree.children_prior_logits, (new_rows * k).unsqueeze(-1) + torch.arange(k, device=dev), logits)
+    tree.num_nodes.add_(valid.long())
+    stop = torch.zeros(b, dtype=torch.bool, device=dev) if out.stop is None else out.stop.to(dev).bool()
+    return torch.where(valid, idx, UNVISITED), stop
+
+
 def exhausted_nodes(tree: Tree) -> torch.Tensor:
     """`[B, N]` bool: nodes in use, not terminal, whose every valid action has a child and
     that still have an invalid slot (room for progressive widening to add an action)."""
@@ -479,6 +535,7 @@ def search(
     virtual_loss: float = 1.0,
     generator: torch.Generator | None = None,
     widen_fn: WidenFn | None = None,
+    graphs: bool | None = None,
 ) -> Tree:
     """Run `num_simulations` more simulations in every tree; returns the (possibly grown) tree.
 
@@ -498,6 +555,13 @@ def search(
       the exhausted nodes on that iteration's paths in trees still searching. Default: the
       expand function's `widen` attribute when it has one, else no widening.
     A tree also stops when the expand function returns ExpandOutput.stop True for it.
+    graphs: with L = 1, run each iteration's selection and backup as CUDA graphs, captured once
+      per walk length and replayed, or whole iterations when the expand function is
+      `graph_safe` (`_search_static`): one replay instead of hundreds of kernel launches.
+      Default: on when the tree is on CUDA and L = 1. True on CPU runs the same fixed-step loop
+      without capture (what the tests check). Same rules and same trees, except that tie-break
+      noise is drawn for a fixed number of steps: where a rule ties exactly (UCT's unvisited
+      children) the random choice can differ from the eager loop's.
     """
     if widen_fn is None:
         widen_fn = getattr(expand_fn, "widen", None)
@@ -520,6 +584,19 @@ def search(
             node_visits=torch.zeros((b, n), dtype=tree.node_values.dtype, device=tree.device),
             amount=virtual_loss,
         )
+    if graphs is None:
+        graphs = tree.device.type == "cuda" and big_l == 1
+    if graphs:
+        if big_l != 1:
+            raise ValueError(f"graphs=True needs leaves_per_iteration=1, got {big_l}")
+        _search_static(
+            tree, expand_fn, select=functools.partial(
+                select_path, root_action_selection_fn=root_action_selection_fn,
+                interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth, generator=generator,
+            ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn,
+            replay=_Replay(generator) if tree.device.type == "cuda" else None,
+        )
+        return tree
     while not bool(done.all()):
         sims = tree.num_simulations
         counted = torch.zeros(b, dtype=torch.int64, device=tree.device)
@@ -570,16 +647,156 @@ def search(
                 tree.node_visits[rows, safe] = tree.node_visits[rows, safe] + revisit.long()
             backup_path(tree, path, leaf, new_masks[j] | revisit)
         done = done | stopped | (tree.num_simulations >= target)
-        if widen_fn is not None and not bool(done.all()):
-            on_paths = torch.zeros((b, n), dtype=torch.bool, device=tree.device)
-            for j, path in enumerate(paths):
-                kept = _masked(path, new_masks[j] | revisit_masks[j])
-                rows = torch.arange(b, device=tree.device).unsqueeze(-1).expand_as(kept.path_nodes)
-                on_paths[rows[kept.path_mask], kept.path_nodes[kept.path_mask]] = True
-            candidates = on_paths & exhausted_nodes(tree) & ~done.unsqueeze(-1)
-            if bool(candidates.any()):
-                widen(tree, widen_fn, candidates)
+        if widen_fn is not None:
+            _widen_on_paths(tree, widen_fn, [_masked(p, new_masks[j] | revisit_masks[j]) for j, p in enumerate(paths)], done)
     return tree
+
+
+def _widen_on_paths(tree: Tree, widen_fn: WidenFn, paths: list[SelectedPath], done: torch.Tensor) -> None:
+    """Offer widen_fn the exhausted nodes on this iteration's kept paths in trees still searching."""
+    if bool(done.all()):
+        return
+    on_paths = torch.zeros((tree.batch_size, tree.max_nodes), dtype=torch.bool, device=tree.device)
+    for path in paths:
+        rows = torch.arange(tree.batch_size, device=tree.device).unsqueeze(-1).expand_as(path.path_nodes)
+        on_paths[rows[path.path_mask], path.path_nodes[path.path_mask]] = True
+    candidates = on_paths & exhausted_nodes(tree) & ~done.unsqueeze(-1)
+    if bool(candidates.any()):
+        widen(tree, widen_fn, candidates)
+
+
+class _Replay:
+    """Runs `fn(steps)` eagerly the first time it sees `name`, then records it in a CUDA graph
+    the first time it sees each `steps` and replays that graph from then on, returning the
+    graph's (fixed) output tensors.
+
+    A graph replays the same kernels on the same memory: `fn` must read and write only tensors
+    that live across calls (the tree's, `done`, the backup's inputs) and must not ask the device
+    anything (no `.item()`, `.any()` in Python, `nonzero`). The eager first call fills the caches
+    a capture must not create (the Gumbel halving table, say).
+    """
+
+    def __init__(self, generator: torch.Generator | None):
+        self.generator = generator
+        self.warm: set[str] = set()
+        self.graphs: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def __call__(self, name: str, fn: Callable[[int], Any], steps: int) -> Any:
+        if name not in self.warm:
+            self.warm.add(name)
+            return fn(steps)
+        key = (name, steps)
+        if key not in self.graphs:
+            graph = torch.cuda.CUDAGraph()
+            if self.generator is not None:
+                graph.register_generator_state(self.generator)
+            # capture_begin/end on a side stream, as torch.cuda.graph does, without its
+            # gc.collect() and empty_cache() per capture.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                graph.capture_begin()
+                try:
+                    out = fn(steps)
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graphs[key] = (graph, out)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
+
+
+STEP_BUCKET = 4  # walk lengths are rounded up to a multiple of this: fewer graphs to capture
+UNROLL = 2  # iterations per graph when the expand function is graph-safe
+
+
+def round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _search_static(
+    tree: Tree,
+    expand_fn: ExpandFn,
+    *,
+    select: Callable[..., SelectedPath],
+    done: torch.Tensor,
+    target: torch.Tensor,
+    max_depth: int | None,
+    widen_fn: WidenFn | None,
+    replay: _Replay | None,
+) -> None:
+    """search() with one leaf per iteration, written for CUDA graphs: selection and backup read
+    and write fixed tensors and take a fixed number of steps (the deepest node's depth + 1,
+    rounded up to STEP_BUCKET and capped by max_depth), so each is one graph per walk length.
+    Between them the expand function and widening run eagerly; when the expand function is
+    marked `graph_safe` and nothing widens, UNROLL whole iterations (select, expand, backup)
+    are one graph. replay None runs the same steps eagerly (CPU)."""
+    b, n = tree.batch_size, tree.max_nodes
+    rows = torch.arange(b, device=tree.device)
+    # What the backup reads: copied here by the selection, by the caller from the expansion.
+    new_index = torch.full((b, 1), UNVISITED, dtype=torch.int64, device=tree.device)
+    stopped = torch.zeros(b, dtype=torch.bool, device=tree.device)
+    old_leaf = torch.full((b,), UNVISITED, dtype=torch.int64, device=tree.device)
+    new, revisit = torch.zeros_like(stopped), torch.zeros_like(stopped)
+
+    def choose(steps: int) -> tuple[SelectedPath, torch.Tensor, torch.Tensor]:
+        path = select(tree, active=~done & (tree.num_simulations < target), steps=steps)
+        is_new = (path.status == NEW) & (tree.num_nodes < n)
+        is_revisit = path.status == REVISIT
+        done.logical_or_(~(is_new | is_revisit))  # nothing selectable: the tree is full
+        old_leaf.copy_(path.leaf)
+        new.copy_(is_new)
+        revisit.copy_(is_revisit)
+        return path, is_new, is_revisit
+
+    def back_up(steps: int) -> None:
+        leaf = torch.where(new, new_index[:, 0], old_leaf)
+        safe = leaf.clamp_min(0)
+        tree.node_visits[rows, safe] = tree.node_visits[rows, safe] + revisit.long()
+        backup(tree, leaf, new | revisit, steps=steps)
+        done.logical_or_(stopped | (tree.num_simulations >= target))
+
+    run = replay or (lambda name, fn, steps: fn(steps))
+    deepest = int(tree.depth.max())
+    if widen_fn is None and getattr(expand_fn, "graph_safe", False):
+        # The expand function is capturable too: whole iterations are one graph, and the host
+        # reads three numbers per replay (all done, deepest node, NaN seen).
+        nan = torch.zeros(2, dtype=torch.bool, device=tree.device)
+        status = torch.zeros(3, dtype=torch.int64, device=tree.device)
+
+        def iterate(steps: int) -> torch.Tensor:
+            for _ in range(UNROLL):
+                path, is_new, _ = choose(steps)
+                index, stop = _expand_dense(tree, expand_fn, path.parent, path.action, is_new, nan)
+                new_index.copy_(index.unsqueeze(-1))
+                stopped.copy_(stop)
+                back_up(steps)
+            status.copy_(torch.stack([done.all().long(), tree.depth.max(), nan[0].long() * 2 + nan[1].long()]))
+            return status
+
+        all_done = bool(done.all())
+        while not all_done:
+            walk = round_up(deepest + UNROLL, STEP_BUCKET)
+            all_done, deepest, flags = run("iterate", iterate, walk if max_depth is None else min(walk, max_depth)).tolist()
+            if flags:
+                raise ValueError(f"ExpandOutput.{'prior_logits' if flags & 2 else 'value'} holds NaN"
+                                 + ("; use -inf for missing actions" if flags & 2 else ""))
+        return
+    while not bool(done.all()):
+        walk = round_up(deepest + 1, STEP_BUCKET)
+        path, is_new, is_revisit = run("select", choose, walk if max_depth is None else min(walk, max_depth))
+        if bool(is_new.any()):
+            index, stop = _expand(tree, expand_fn, path.parent[:, None], path.action[:, None], is_new[:, None])
+            new_index.copy_(index)
+            stopped.copy_(stop)
+            deepest = int(tree.depth.max())
+        else:
+            new_index.fill_(UNVISITED)
+            stopped.fill_(False)
+        run("backup", back_up, round_up(deepest, STEP_BUCKET))
+        if widen_fn is not None:
+            _widen_on_paths(tree, widen_fn, [_masked(path, is_new | is_revisit)], done)
 
 
 def _masked(path: SelectedPath, keep: torch.Tensor) -> SelectedPath:

@@ -91,3 +91,6 @@ class SyntheticEnv:
             handle=handle,
             terminal=terminal,
         )
+
+    # Only tensor ops on its inputs, same shapes each call: mcts.search may capture it in a CUDA graph.
+    expand.graph_safe = True  # type: ignore[attr-defined]

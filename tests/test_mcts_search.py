@@ -418,3 +418,79 @@ def test_expand_output_stop_ends_that_tree_only():
             return ExpandOutput(out.reward, out.discount, out.prior_logits, out.value, out.handle, out.terminal, stop=torch.ones(1))
 
         mcts.muzero_policy(env.root(3), bad, num_simulations=4)
+
+
+def stopping_expand(env: SyntheticEnv):
+    """env.expand that stops tree 0 at its first expansion."""
+
+    def expand_fn(parent_handles, actions, valid):
+        out = env.expand(parent_handles, actions, valid)
+        stop = torch.zeros(parent_handles.shape[0], dtype=torch.bool, device=parent_handles.device)
+        stop[0] = True
+        return ExpandOutput(out.reward, out.discount, out.prior_logits, out.value, out.handle, out.terminal, stop=stop)
+
+    return expand_fn
+
+
+@pytest.mark.parametrize("policy", [mcts.muzero_policy, mcts.gumbel_muzero_policy])
+@pytest.mark.parametrize("case", ["plain", "max_depth", "max_nodes", "seed", "stop", "not_graph_safe"])
+def test_fixed_step_loop_gives_the_eager_trees(policy, case):
+    """graphs=True on CPU runs the loop CUDA graphs replay (fixed steps, fixed tensors) without
+    capture: whole iterations for the graph-safe SyntheticEnv.expand, selection and backup
+    around an eager expand otherwise ("stop", "not_graph_safe"). PUCT over distinct priors and
+    Gumbel have no exact ties, so its trees equal the eager loop's bit for bit."""
+    env = SyntheticEnv(num_actions=6, depth=5, discount=0.97, invalid_fraction=0.3)
+    expand = {"stop": stopping_expand(env), "not_graph_safe": lambda p, a, v: env.expand(p, a, v)}.get(case, env.expand)
+    kwargs = {"max_depth": {"max_depth": 3}, "max_nodes": {"max_nodes": 20}, "seed": {"seed": 3}}.get(case, {})
+    eager, fixed = (policy(env.root(6), expand, num_simulations=40, graphs=g, **kwargs).search_tree for g in (False, True))
+    for name, t in eager.tensors().items():
+        assert torch.equal(t, fixed.tensors()[name]), name
+    if case == "stop":
+        assert fixed.num_simulations[0] == 1 and (fixed.num_simulations[1:] == 40).all()
+
+
+def test_fixed_step_loop_keeps_invariants_where_ties_break_differently():
+    # UCT ties every unvisited child: the noise that breaks them is drawn for a fixed number
+    # of steps, so the trees differ from the eager loop's, but stay valid and seeded.
+    env = SyntheticEnv(num_actions=6, depth=5, discount=0.97, invalid_fraction=0.3)
+    a, b = (mcts.uct_policy(env.root(6), env.expand, num_simulations=40, graphs=True, seed=1).search_tree for _ in range(2))
+    check_invariants(a, 40)
+    for name, t in a.tensors().items():
+        assert torch.equal(t, b.tensors()[name]), name
+    # WideningEnv's priors tie too; widening runs between the fixed steps as in the eager loop.
+    widening = WideningEnv()
+    tree = mcts.muzero_policy(widening.root(3), widening, num_simulations=40, graphs=True).search_tree
+    check_invariants(tree, 40)
+    assert widening.offered and (~torch.isneginf(tree.children_prior_logits[:, 0])).all()
+    with pytest.raises(ValueError, match="leaves_per_iteration=1"):
+        mcts.muzero_policy(env.root(2), env.expand, num_simulations=4, leaves_per_iteration=2, graphs=True)
+
+
+@pytest.mark.parametrize("field", ["value", "prior_logits"])
+def test_whole_iteration_loop_names_nan_output(field):
+    env = SyntheticEnv(num_actions=4, depth=4)
+
+    def expand(p, a, v):
+        out = env.expand(p, a, v)
+        bad = {"value": out.value, "prior_logits": out.prior_logits}[field].clone()
+        bad[1] = float("nan")  # tree 1 only
+        return ExpandOutput(**{**out.__dict__, field: bad})
+
+    expand.graph_safe = True
+    with pytest.raises(ValueError, match=f"ExpandOutput.{field} holds NaN"):
+        mcts.muzero_policy(env.root(3), expand, num_simulations=8, graphs=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("policy", [mcts.muzero_policy, mcts.gumbel_muzero_policy])
+def test_cuda_graphs_give_the_eager_cuda_trees(policy):
+    env = SyntheticEnv(num_actions=8, depth=6, discount=0.97)
+    split = lambda p, a, v: env.expand(p, a, v)  # noqa: E731 -- not graph-safe: expand runs between graphs
+    for expand, kwargs in ((env.expand, {}), (env.expand, {"max_depth": 4}), (split, {})):
+        graphed, eager = (
+            policy(env.root(64, device="cuda"), expand, num_simulations=48, graphs=g, device="cuda", **kwargs).search_tree
+            for g in (None, False)
+        )
+        check_invariants(graphed.to("cpu"), 48)
+        for name, t in eager.tensors().items():
+            torch.testing.assert_close(graphed.tensors()[name], t, rtol=0, atol=1e-6, msg=name)
