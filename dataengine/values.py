@@ -289,19 +289,43 @@ class ValueModel:
             out[batch] = hidden[torch.arange(len(batch), device=device), last].float().cpu()
         return out
 
-    def fit(self, states: Sequence[Conversation], targets: Sequence[float]) -> dict[str, float]:
+    def fit(self, states: Sequence[Conversation], targets: Sequence[float], groups: Sequence[str] | None = None,
+            folds: int = 5) -> dict[str, float]:
         """Fit on (state, value) pairs. Returns n, the training mean squared error `mse` and
-        `baseline_mse` (predicting the mean target) to compare it with."""
+        `baseline_mse` (predicting the mean target) to compare it with.
+
+        groups: one key per state (its task): also returns `cv_mse` and `cv_baseline_mse`, the
+        errors on states of tasks held out of the fit (`folds` folds by task; the baseline
+        predicts the other folds' mean), which say whether the head generalises to new tasks
+        (a head of hidden-size weights fits a few hundred training states almost exactly).
+        """
         if len(states) != len(targets) or not states:
             raise ValueError(f"fit needs as many targets as states (and at least one): {len(states)} vs {len(targets)}")
+        if groups is not None and len(groups) != len(states):
+            raise ValueError(f"fit needs one group per state: {len(groups)} groups for {len(states)} states")
         x = _with_bias(self.features(states))
         y = torch.tensor(list(targets), dtype=torch.float64)
-        eye = torch.eye(x.shape[1], dtype=x.dtype)
-        eye[-1, -1] = 0.0  # the bias is not penalised
-        self.weight = torch.linalg.solve(x.T @ x + self.l2 * eye, x.T @ y)
-        self.low, self.high = float(y.min()), float(y.max())
+        self.weight, self.low, self.high = self._solve(x, y), float(y.min()), float(y.max())
         mse = float(((x @ self.weight).clamp(self.low, self.high) - y).pow(2).mean())
-        return {"n": float(len(y)), "mse": mse, "baseline_mse": float((y - y.mean()).pow(2).mean())}
+        out = {"n": float(len(y)), "mse": mse, "baseline_mse": float((y - y.mean()).pow(2).mean())}
+        keys = sorted(set(groups or ()))
+        if len(keys) >= 2:
+            fold_of = {key: i % min(folds, len(keys)) for i, key in enumerate(keys)}
+            fold = torch.tensor([fold_of[g] for g in groups])
+            err, base = torch.zeros_like(y), torch.zeros_like(y)
+            for f in fold.unique().tolist():
+                held, kept = fold == f, fold != f
+                w = self._solve(x[kept], y[kept])
+                pred = (x[held] @ w).clamp(float(y[kept].min()), float(y[kept].max()))
+                err[held], base[held] = (pred - y[held]).pow(2), (y[kept].mean() - y[held]).pow(2)
+            out.update(cv_mse=float(err.mean()), cv_baseline_mse=float(base.mean()), cv_folds=float(len(fold.unique())))
+        return out
+
+    def _solve(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Ridge weights for features `x` (bias column last, not penalised) and targets `y`."""
+        eye = torch.eye(x.shape[1], dtype=x.dtype)
+        eye[-1, -1] = 0.0
+        return torch.linalg.solve(x.T @ x + self.l2 * eye, x.T @ y)
 
     def predict(self, states: Sequence[Conversation]) -> list[float]:
         """`[len(states)]` values, clipped to the training targets' range."""
@@ -446,12 +470,15 @@ def fit_value_head(store: Any, runs: Sequence[str], policy: Policy, out: str | P
 
     min_visits: 2 by default, so each target backs up at least one simulation below the node
     (a leaf visited once holds only the estimate the search gave it). Returns the summary
-    saved with the head: runs, n, mse, baseline_mse, min_visits, l2, model_id, tokenizer_id.
+    saved with the head: runs, n, mse, baseline_mse, cv_mse, cv_baseline_mse (by task, see
+    ValueModel.fit), min_visits, l2, model_id, tokenizer_id.
     """
     states, targets = store_q_targets(store, runs, min_visits=min_visits)
     if not states:
         raise ValueError(f"run(s) {', '.join(runs)} have no non-terminal node with >= {min_visits} visits to fit on")
     head = ValueModel(policy, l2=l2, max_batch_tokens=max_batch_tokens)
-    info = {"runs": sorted(runs), "min_visits": min_visits, "l2": l2, **head.fit(states, targets)}
+    # A state's task is its question (the first user message): the held-out error is by task.
+    tasks = [next((m.content for m in s.messages if m.role == "user"), "") for s in states]
+    info = {"runs": sorted(runs), "min_visits": min_visits, "l2": l2, **head.fit(states, targets, groups=tasks)}
     head.save(out, info)
     return {**info, **head.identity(), "out": str(out)}

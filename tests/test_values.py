@@ -227,7 +227,15 @@ def test_value_model_fits_and_round_trips(policy, tasks, tmp_path):
     targets = [float(i % 2) for i in range(12)]
     vm = ValueModel(policy, l2=1e-3)
     fit = vm.fit(states, targets)
-    assert fit["n"] == 12 and fit["mse"] < 0.05 < fit["baseline_mse"]
+    assert fit["n"] == 12 and fit["mse"] < 0.05 < fit["baseline_mse"] and "cv_mse" not in fit
+    # Held out by task: each fold's head is fitted without the held-out states' tasks. The
+    # targets here follow the reply, not the task, so a held-out task's states are still
+    # predicted better than by the mean; the errors are computed on other states than `mse`.
+    grouped = vm.fit(states, targets, groups=[str(i // 2) for i in range(12)], folds=3)
+    assert grouped["cv_folds"] == 3 and grouped["mse"] == fit["mse"]
+    assert grouped["cv_mse"] > grouped["mse"] and grouped["cv_mse"] < grouped["cv_baseline_mse"]
+    with pytest.raises(ValueError, match="one group per state"):
+        vm.fit(states, targets, groups=["a"])
     preds = vm.predict(states)
     assert all(0.0 <= p <= 1.0 for p in preds)
     assert sum((p > 0.5) == (t > 0.5) for p, t in zip(preds, targets)) >= 11
