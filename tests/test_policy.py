@@ -13,7 +13,16 @@ import torch
 
 from dataengine.policy import Conversation, Sample, cut_at_stop, make_policy
 from dataengine.policy.hf import HFPolicy, _choose
-from dataengine.policy.kv import ATTN_BLOCK, CACHE_BLOCK, Attend, PrefixCache, block_keys, blocked_attention
+from dataengine.policy.kv import (
+    ATTN_BLOCK,
+    CACHE_BLOCK,
+    LINEAR_CHUNK,
+    Attend,
+    PrefixCache,
+    block_keys,
+    blocked_attention,
+    weight_first_linear,
+)
 from dataengine.types import Message, ToolSpec
 
 ADD = ToolSpec(
@@ -280,6 +289,22 @@ def test_blocked_attention_matches_softmax_attention():
             assert torch.allclose(out[row, :, h].double(), ref, atol=1e-5)
     with pytest.raises(ValueError, match="multiple of"):
         Attend(suffix, 0, prefix, lengths, 2, [0, 1, 2, 3], shared=5)
+
+
+def test_weight_first_linear_rows_do_not_depend_on_the_row_count():
+    # SmolLM2's MLP down projection: on an AVX-512/AMX Xeon, one MKL product of 60+ rows gives a
+    # row other bits than 16-56 rows do; longer inputs run in LINEAR_CHUNK-row products.
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1536, 576, bias=False)
+    forward = weight_first_linear(linear)
+    x, other = torch.randn(3 * LINEAR_CHUNK + 7, 1536), torch.randn(200, 1536)
+    ref = forward(x[:1])[0]
+    for m in (2, 16, 20, LINEAR_CHUNK, LINEAR_CHUNK + 4, 64, 100, 3 * LINEAR_CHUNK + 7):
+        for pos in (0, m - 1):
+            rows = other[:m].clone()
+            rows[pos] = x[0]
+            assert torch.equal(forward(rows)[pos], ref), (m, pos)
+    torch.testing.assert_close(forward(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
 def test_prefix_cache_lru_and_short_blocks():
