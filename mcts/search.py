@@ -399,34 +399,16 @@ def _expand(
     new_index = tree.num_nodes.unsqueeze(-1) + valid.long().cumsum(1) - 1
     new_index = torch.where(valid, new_index, UNVISITED)
     bi, li = valid.nonzero(as_tuple=True)
-    idx, par, act = new_index[bi, li], parents[bi, li], actions[bi, li]
-    dev, dtype = tree.device, tree.node_values.dtype
-    logits = out.prior_logits[bi, li].to(device=dev, dtype=dtype)
+    logits = out.prior_logits[bi, li]
     if torch.isnan(logits).any():
         raise ValueError("ExpandOutput.prior_logits holds NaN; use -inf for missing actions")
-    value = out.value[bi, li].to(device=dev, dtype=dtype)
+    value = out.value[bi, li]
     if torch.isnan(value).any():
         raise ValueError("ExpandOutput.value holds NaN")
-    # A child with no valid action cannot be expanded either: it ends the episode.
-    terminal = out.terminal[bi, li].to(dev).bool() | torch.isneginf(logits).all(-1)
-    value = torch.where(terminal, torch.zeros_like(value), value)
-    discount = torch.where(terminal, torch.zeros_like(value), out.discount[bi, li].to(device=dev, dtype=dtype))
-    # Flattened indices: one put_ per field instead of three-tensor advanced indexing.
-    row0 = bi * tree.max_nodes
-    new_rows, parent_rows = row0 + idx, row0 + par
-    edges = parent_rows * k + act
-    tree.children_index.put_(edges, idx)
-    tree.children_rewards.put_(edges, out.reward[bi, li].to(device=dev, dtype=dtype))
-    tree.children_discounts.put_(edges, discount)
-    tree.parents.put_(new_rows, par)
-    tree.action_from_parent.put_(new_rows, act)
-    tree.depth.put_(new_rows, torch.take(tree.depth, parent_rows) + 1)
-    tree.node_handle.put_(new_rows, out.handle[bi, li].to(device=dev, dtype=torch.int64))
-    tree.terminal.put_(new_rows, terminal)
-    tree.raw_values.put_(new_rows, value)
-    tree.node_values.put_(new_rows, value)
-    tree.node_visits.put_(new_rows, torch.ones_like(idx))
-    tree.children_prior_logits.put_((new_rows * k).unsqueeze(-1) + torch.arange(k, device=dev), logits)
+    _write_nodes(
+        tree, bi, new_index[bi, li], parents[bi, li], actions[bi, li], reward=out.reward[bi, li],
+        discount=out.discount[bi, li], value=value, logits=logits, terminal=out.terminal[bi, li], handle=out.handle[bi, li],
+    )
     tree.num_nodes.add_(valid.long().sum(1))
     return new_index, stop
 
@@ -439,41 +421,73 @@ def _expand_dense(
     tree with nothing to expand rewrites the root's row and its (parent, action) edge unchanged.
     NaN in the output is flagged in `nan` ([2]: logits, value) instead of raised here.
     Returns the `[B]` new node indices (UNVISITED where not valid) and the `[B]` stop flags."""
-    b, k, dev, dtype = tree.batch_size, tree.num_actions, tree.device, tree.node_values.dtype
+    b, k, dev = tree.batch_size, tree.num_actions, tree.device
     rows = torch.arange(b, device=dev)
     out = expand_fn(tree.node_handle[rows, parent].unsqueeze(-1), action.unsqueeze(-1), valid.unsqueeze(-1))
     _check_expand_output(out, b, 1, k)
-    logits = out.prior_logits[:, 0].to(device=dev, dtype=dtype)
-    value = out.value[:, 0].to(device=dev, dtype=dtype)
-    nan[0] |= (valid & torch.isnan(logits).any(-1)).any()
-    nan[1] |= (valid & torch.isnan(value)).any()
-    terminal = out.terminal[:, 0].to(dev).bool() | torch.isneginf(logits).all(-1)
-    value = torch.where(terminal, torch.zeros_like(value), value)
-    discount = torch.where(terminal, torch.zeros_like(value), out.discount[:, 0].to(device=dev, dtype=dtype))
+    nan[0] |= (valid & torch.isnan(out.prior_logits[:, 0]).any(-1)).any()
+    nan[1] |= (valid & torch.isnan(out.value[:, 0])).any()
     idx = torch.where(valid, tree.num_nodes, ROOT_INDEX)
-    row0 = rows * tree.max_nodes
+    _write_nodes(
+        tree, rows, idx, parent, action, reward=out.reward[:, 0], discount=out.discount[:, 0], value=out.value[:, 0],
+        logits=out.prior_logits[:, 0], terminal=out.terminal[:, 0], handle=out.handle[:, 0], keep=valid,
+    )
+    tree.num_nodes.add_(valid.long())
+    stop = torch.zeros(b, dtype=torch.bool, device=dev) if out.stop is None else out.stop.to(dev).bool()
+    return torch.where(valid, idx, UNVISITED), stop
+
+
+def _write_nodes(
+    tree: Tree,
+    trees: torch.Tensor,
+    idx: torch.Tensor,
+    parent: torch.Tensor,
+    action: torch.Tensor,
+    *,
+    reward: torch.Tensor,
+    discount: torch.Tensor,
+    value: torch.Tensor,
+    logits: torch.Tensor,
+    terminal: torch.Tensor,
+    handle: torch.Tensor,
+    keep: torch.Tensor | None = None,
+) -> None:
+    """Write node `idx[m]` of tree `trees[m]` as the child of (parent[m], action[m]), in place.
+
+    All `[M]` except logits `[M, K]`, on any device (the caller's expand output). The new node
+    gets visits 1 and value = `value`; a child that is terminal or has no valid action gets
+    value 0 and discount 0. keep: `[M]` bool; where False the same entries are rewritten with
+    what they hold, so the writes have fixed shapes (a CUDA graph or a compiled step needs that).
+    """
+    k, dev, dtype = tree.num_actions, tree.device, tree.node_values.dtype
+    logits = logits.to(device=dev, dtype=dtype)
+    # A child with no valid action cannot be expanded either: it ends the episode.
+    terminal = terminal.to(dev).bool() | torch.isneginf(logits).all(-1)
+    value = torch.where(terminal, 0.0, value.to(device=dev, dtype=dtype))
+    discount = torch.where(terminal, 0.0, discount.to(device=dev, dtype=dtype))
+    row0 = trees * tree.max_nodes
     new_rows, parent_rows = row0 + idx, row0 + parent
     edges = parent_rows * k + action
 
+    # Flattened indices: one put_ per field instead of three-tensor advanced indexing.
     def put(field: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
-        keep = valid.view(-1, *([1] * (index.dim() - 1)))
-        field.put_(index, torch.where(keep, values.to(field.dtype), torch.take(field, index)))
+        values = values.to(device=dev, dtype=field.dtype)
+        if keep is not None:
+            values = torch.where(keep.view(-1, *([1] * (index.dim() - 1))), values, torch.take(field, index))
+        field.put_(index, values)
 
     put(tree.children_index, edges, idx)
-    put(tree.children_rewards, edges, out.reward[:, 0].to(dev))
+    put(tree.children_rewards, edges, reward)
     put(tree.children_discounts, edges, discount)
     put(tree.parents, new_rows, parent)
     put(tree.action_from_parent, new_rows, action)
     put(tree.depth, new_rows, torch.take(tree.depth, parent_rows) + 1)
-    put(tree.node_handle, new_rows, out.handle[:, 0].to(dev))
+    put(tree.node_handle, new_rows, handle)
     put(tree.terminal, new_rows, terminal)
     put(tree.raw_values, new_rows, value)
     put(tree.node_values, new_rows, value)
     put(tree.node_visits, new_rows, torch.ones_like(idx))
     put(tree.children_prior_logits, (new_rows * k).unsqueeze(-1) + torch.arange(k, device=dev), logits)
-    tree.num_nodes.add_(valid.long())
-    stop = torch.zeros(b, dtype=torch.bool, device=dev) if out.stop is None else out.stop.to(dev).bool()
-    return torch.where(valid, idx, UNVISITED), stop
 
 
 def exhausted_nodes(tree: Tree) -> torch.Tensor:
