@@ -8,6 +8,7 @@ its rate does not depend on B. Prints one line per configuration with the ratio.
     .venv/bin/python benchmarks/bench_mcts.py            # B in {1, 64, 1024}, 64 simulations
     .venv/bin/python benchmarks/bench_mcts.py --quick    # tiny run
     .venv/bin/python benchmarks/bench_mcts.py --device cuda
+    .venv/bin/python benchmarks/bench_mcts.py --compiled   # adds torch.compile lines (CPU; minutes to compile)
 """
 
 from __future__ import annotations
@@ -172,16 +173,23 @@ def python_baseline(env: SyntheticEnv, num_trees: int, num_simulations: int) -> 
 def batched(
     env: SyntheticEnv, policy, b: int, num_simulations: int, leaves: int, device: str, graphs: bool | None = None,
     split: bool = False,
+    compiled: bool = False,
 ) -> tuple[float, torch.Tensor]:
     """(simulations/s, `[B, K]` root visit counts) of one batched search of b trees (after a warm-up).
 
     graphs: mcts.search's CUDA graphs (default: on for CUDA with L = 1); each search captures its
     own graphs, and that capture is inside the timed call. The environment's expand is graph-safe,
-    so whole iterations are graphs; split=True hides that, so it runs eagerly between graphs."""
+    so whole iterations are graphs; split=True hides that, so it runs eagerly between graphs.
+    compiled: mcts.search's torch.compile path; its warm-up is a whole search of the same shape,
+    so the timed call reuses the compiled code (compile_seconds() reports what that cost)."""
     kwargs = {"dirichlet_fraction": 0.0} if policy is mcts.muzero_policy else {}
     kwargs["graphs"] = graphs
+    kwargs["compiled"] = compiled
     expand = (lambda p, a, v: env.expand(p, a, v)) if split else env.expand
-    policy(env.root(min(b, 2), device=device), expand, num_simulations=4, device=device, **kwargs)
+    warm = (b, num_simulations) if compiled else (min(b, 2), 4)
+    start = time.perf_counter()
+    policy(env.root(warm[0], device=device), expand, num_simulations=warm[1], device=device, **kwargs)
+    batched.warm_seconds = time.perf_counter() - start
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     clock = time.perf_counter if device.startswith("cuda") else CLOCK
@@ -321,6 +329,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (small ops: 1 is fastest)")
     parser.add_argument("--simulations", type=int, default=None, help="simulations per tree")
+    parser.add_argument("--compiled", action="store_true", help="also time mcts.search(compiled=True) on CPU")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the fastest counts (noisy hosts)")
     args = parser.parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -350,6 +359,17 @@ def main() -> None:
             eager = max(batched(env, policy, b, sims, leaves, device, graphs=False)[0] for _ in range(args.repeats))
             line += f"\n{'  graphs, expand eager between them':34s}: {split:>11,.0f} sim/s"
             line += f"\n{'  no CUDA graphs (eager)':34s}: {eager:>11,.0f} sim/s  graphs x{rate / eager:5.2f}"
+        if args.compiled and leaves == 1 and not device.startswith("cuda"):
+            runs = [batched(env, policy, b, sims, leaves, device, compiled=True)]
+            compile_seconds = batched.warm_seconds  # later warm-ups reuse this process's compiled code
+            runs += [batched(env, policy, b, sims, leaves, device, compiled=True) for _ in range(args.repeats - 1)]
+            fast, fast_visits = max(r[0] for r in runs), runs[0][1]
+            # Fused exp/log/sums round differently in the last bit: near ties can go the other way.
+            same = sum(torch.equal(x, y) for x, y in zip(fast_visits, visits))
+            line += (
+                f"\n{'  compiled (torch.compile)':34s}: {fast:>11,.0f} sim/s  x{fast / rate:5.2f} eager"
+                f"  (first search, compiling: {compile_seconds:.0f} s wall; root visits equal to eager in {same}/{b} trees)"
+            )
         peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats, device) if leaves == 1 else None
         if peer is not None:
             line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"

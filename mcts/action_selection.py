@@ -6,6 +6,7 @@ int64 actions, never choosing an action marked invalid.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -34,8 +35,39 @@ def masked_argmax(scores: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(invalid, float("-inf")).argmax(-1)
 
 
-def _tie_break(stats: NodeStats, generator: torch.Generator | None) -> torch.Tensor:
-    noise = torch.rand(stats.qvalues.shape, generator=generator, device=stats.qvalues.device)
+class NoiseTape:
+    """Stands in for a rule's torch.Generator where the draws must be known ahead: a compiled
+    search step (mcts.search, compiled=True) cannot call the generator, so its uniform noise
+    is drawn before the step in one flat tensor and handed out here in order.
+
+    Recording (`noise` None): draws from `generator` as the rule would and notes each shape.
+    Replaying: serves `noise` (float32, the recorded shapes' sizes in order). A CPU generator
+    gives one flat draw the same numbers as the same draws made one by one, so the rules see
+    exactly the noise of the eager loop and the generator ends in the same state.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None):
+        self.generator = generator
+        self.noise = noise
+        self.shapes: list[tuple[int, ...]] = []
+        self.offset = 0
+
+    def rand(self, shape: torch.Size | tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """Uniform [0, 1) float32 noise of this shape: the next draw."""
+        if self.noise is None:
+            self.shapes.append(tuple(shape))
+            return torch.rand(shape, generator=self.generator, device=device)
+        size = math.prod(shape)
+        out = self.noise[self.offset : self.offset + size].view(shape)
+        self.offset += size
+        return out
+
+
+def _tie_break(stats: NodeStats, generator: torch.Generator | NoiseTape | None) -> torch.Tensor:
+    if isinstance(generator, NoiseTape):
+        noise = generator.rand(stats.qvalues.shape, stats.qvalues.device)
+    else:
+        noise = torch.rand(stats.qvalues.shape, generator=generator, device=stats.qvalues.device)
     return TIE_BREAK_SCALE * noise.to(stats.qvalues.dtype)
 
 

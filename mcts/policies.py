@@ -105,6 +105,7 @@ def muzero_policy(
     device: torch.device | str | None = None,
     widen_fn: WidenFn | None = None,
     graphs: bool | None = None,
+    compiled: bool = False,
 ) -> PolicyOutput:
     """PUCT search (AlphaZero/MuZero) with Dirichlet root noise; acts by root visit counts.
 
@@ -113,6 +114,7 @@ def muzero_policy(
     widen_fn: progressive widening (mcts.WidenFn; default: expand_fn.widen if it has one).
     Widening the root replaces its logits, root noise included.
     graphs: CUDA graphs for selection and backup (mcts.search; default on for CUDA with L = 1).
+    compiled: on CPU, the same fixed-step loop through torch.compile (mcts.search).
     """
     tree = _start(root, num_simulations, max_nodes, device)
     generator = make_generator(seed, tree.device)
@@ -139,6 +141,7 @@ def muzero_policy(
         generator=generator,
         widen_fn=widen_fn,
         graphs=graphs,
+        compiled=compiled,
     )
     action, weights = _visit_policy(tree, temperature, generator)
     return PolicyOutput(action=action, action_weights=weights, search_tree=tree)
@@ -160,6 +163,7 @@ def uct_policy(
     device: torch.device | str | None = None,
     widen_fn: WidenFn | None = None,
     graphs: bool | None = None,
+    compiled: bool = False,
 ) -> PolicyOutput:
     """UCT search as in Agent Q (eq. 7); acts by root visit counts like muzero_policy."""
     tree = _start(root, num_simulations, max_nodes, device)
@@ -178,6 +182,7 @@ def uct_policy(
         generator=generator,
         widen_fn=widen_fn,
         graphs=graphs,
+        compiled=compiled,
     )
     action, weights = _visit_policy(tree, temperature, generator)
     return PolicyOutput(action=action, action_weights=weights, search_tree=tree)
@@ -199,6 +204,7 @@ def gumbel_muzero_policy(
     device: torch.device | str | None = None,
     widen_fn: WidenFn | None = None,
     graphs: bool | None = None,
+    compiled: bool = False,
 ) -> PolicyOutput:
     """Gumbel MuZero (Danihelka et al. 2022): Sequential Halving with Gumbel at the root.
 
@@ -240,6 +246,7 @@ def gumbel_muzero_policy(
         generator=generator,
         widen_fn=widen_fn,
         graphs=graphs,
+        compiled=compiled,
     )
     root_index = torch.full((tree.batch_size,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
     stats = node_stats(tree, root_index)

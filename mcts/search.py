@@ -7,12 +7,14 @@ never over trees.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from mcts.action_selection import NoiseTape
 from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats, RootInput, WidenFn, WidenOutput
 from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, grow
 
@@ -550,6 +552,7 @@ def search(
     generator: torch.Generator | None = None,
     widen_fn: WidenFn | None = None,
     graphs: bool | None = None,
+    compiled: bool = False,
 ) -> Tree:
     """Run `num_simulations` more simulations in every tree; returns the (possibly grown) tree.
 
@@ -576,6 +579,10 @@ def search(
       without capture (what the tests check). Same rules and same trees, except that tie-break
       noise is drawn for a fixed number of steps: where a rule ties exactly (UCT's unvisited
       children) the random choice can differ from the eager loop's.
+    compiled: on CPU, run the fixed-step loop through torch.compile (`_Compiled`): whole
+      iterations when the expand function is `graph_safe`, else selection and backup. Same
+      trees as `graphs=True` on CPU; each new walk length and batch shape costs a compilation
+      (tens of seconds), so it pays on long or repeated searches. Needs L = 1.
     """
     if widen_fn is None:
         widen_fn = getattr(expand_fn, "widen", None)
@@ -598,17 +605,19 @@ def search(
             node_visits=torch.zeros((b, n), dtype=tree.node_values.dtype, device=tree.device),
             amount=virtual_loss,
         )
+    if compiled and tree.device.type != "cpu":
+        raise ValueError(f"compiled=True runs on CPU (CUDA has graphs=True); the tree is on {tree.device}")
     if graphs is None:
         graphs = tree.device.type == "cuda" and big_l == 1
-    if graphs:
+    if graphs or compiled:
         if big_l != 1:
-            raise ValueError(f"graphs=True needs leaves_per_iteration=1, got {big_l}")
+            raise ValueError(f"graphs=True and compiled=True need leaves_per_iteration=1, got {big_l}")
         _search_static(
             tree, expand_fn, select=functools.partial(
                 select_path, root_action_selection_fn=root_action_selection_fn,
-                interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth, generator=generator,
-            ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn,
-            replay=_Replay(generator) if tree.device.type == "cuda" else None,
+                interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth,
+            ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn, generator=generator,
+            replay=_Compiled(generator) if compiled else _Replay(generator) if tree.device.type == "cuda" else None,
         )
         return tree
     while not bool(done.all()):
@@ -680,7 +689,7 @@ def _widen_on_paths(tree: Tree, widen_fn: WidenFn, paths: list[SelectedPath], do
 
 
 class _Replay:
-    """Runs `fn(steps)` eagerly the first time it sees `name`, then records it in a CUDA graph
+    """Runs `fn(steps, generator)` eagerly the first time it sees `name`, then records it in a CUDA graph
     the first time it sees each `steps` and replays that graph from then on, returning the
     graph's (fixed) output tensors.
 
@@ -695,10 +704,10 @@ class _Replay:
         self.warm: set[str] = set()
         self.graphs: dict[tuple[str, int], tuple[Any, Any]] = {}
 
-    def __call__(self, name: str, fn: Callable[[int], Any], steps: int) -> Any:
+    def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
         if name not in self.warm:
             self.warm.add(name)
-            return fn(steps)
+            return fn(steps, self.generator)
         key = (name, steps)
         if key not in self.graphs:
             graph = torch.cuda.CUDAGraph()
@@ -711,7 +720,7 @@ class _Replay:
             with torch.cuda.stream(side):
                 graph.capture_begin()
                 try:
-                    out = fn(steps)
+                    out = fn(steps, self.generator)
                 finally:
                     graph.capture_end()
             torch.cuda.current_stream().wait_stream(side)
@@ -719,6 +728,43 @@ class _Replay:
         graph, out = self.graphs[key]
         graph.replay()
         return out
+
+
+class _Compiled:
+    """Runs `fn(steps, generator)` compiled by torch.compile (inductor) on CPU: a whole
+    iteration becomes a few fused C++ loops instead of hundreds of ATen calls, each paying
+    Python and dispatch overhead. Same contract for `fn` as _Replay's graphs (fixed tensors, no
+    data-dependent shapes, nothing asked of the data from Python).
+
+    Compiled code cannot call a torch.Generator, so the rules draw their tie-break noise from a
+    NoiseTape: the first call of each (name, steps) runs eagerly and records the shapes drawn;
+    later calls draw the same numbers from the generator in one piece before the compiled call.
+    """
+
+    # Each (function, walk length, batch shape, rule) is one compiled variant; torch's default
+    # of 8 per function would silently fall back to eager in a benchmark sweep.
+    RECOMPILE_LIMIT = 64
+    # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
+    compiler = staticmethod(functools.partial(torch.compile, dynamic=False))
+
+    def __init__(self, generator: torch.Generator | None):
+        self.generator = generator
+        self.shapes: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+        self.compiled: dict[str, Callable[[int, Any], Any]] = {}
+
+    def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
+        key = (name, steps)
+        if key not in self.shapes:
+            tape = NoiseTape(self.generator)
+            out = fn(steps, tape)
+            self.shapes[key] = tape.shapes
+            return out
+        size = sum(math.prod(shape) for shape in self.shapes[key])
+        tape = NoiseTape(noise=torch.rand(size, generator=self.generator))
+        if name not in self.compiled:
+            self.compiled[name] = self.compiler(fn)
+        with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT):
+            return self.compiled[name](steps, tape)
 
 
 STEP_BUCKET = 4  # walk lengths are rounded up to a multiple of this: fewer graphs to capture
@@ -738,7 +784,8 @@ def _search_static(
     target: torch.Tensor,
     max_depth: int | None,
     widen_fn: WidenFn | None,
-    replay: _Replay | None,
+    generator: torch.Generator | None,
+    replay: _Replay | _Compiled | None,
 ) -> None:
     """search() with one leaf per iteration, written for CUDA graphs: selection and backup read
     and write fixed tensors and take a fixed number of steps (the deepest node's depth + 1,
@@ -754,8 +801,8 @@ def _search_static(
     old_leaf = torch.full((b,), UNVISITED, dtype=torch.int64, device=tree.device)
     new, revisit = torch.zeros_like(stopped), torch.zeros_like(stopped)
 
-    def choose(steps: int) -> tuple[SelectedPath, torch.Tensor, torch.Tensor]:
-        path = select(tree, active=~done & (tree.num_simulations < target), steps=steps)
+    def choose(steps: int, gen: Any) -> tuple[SelectedPath, torch.Tensor, torch.Tensor]:
+        path = select(tree, active=~done & (tree.num_simulations < target), steps=steps, generator=gen)
         is_new = (path.status == NEW) & (tree.num_nodes < n)
         is_revisit = path.status == REVISIT
         done.logical_or_(~(is_new | is_revisit))  # nothing selectable: the tree is full
@@ -764,14 +811,14 @@ def _search_static(
         revisit.copy_(is_revisit)
         return path, is_new, is_revisit
 
-    def back_up(steps: int) -> None:
+    def back_up(steps: int, gen: Any = None) -> None:
         leaf = torch.where(new, new_index[:, 0], old_leaf)
         safe = leaf.clamp_min(0)
         tree.node_visits[rows, safe] = tree.node_visits[rows, safe] + revisit.long()
         backup(tree, leaf, new | revisit, steps=steps)
         done.logical_or_(stopped | (tree.num_simulations >= target))
 
-    run = replay or (lambda name, fn, steps: fn(steps))
+    run = replay or (lambda name, fn, steps: fn(steps, generator))
     deepest = int(tree.depth.max())
     if widen_fn is None and getattr(expand_fn, "graph_safe", False):
         # The expand function is capturable too: whole iterations are one graph, and the host
@@ -779,9 +826,9 @@ def _search_static(
         nan = torch.zeros(2, dtype=torch.bool, device=tree.device)
         status = torch.zeros(3, dtype=torch.int64, device=tree.device)
 
-        def iterate(steps: int) -> torch.Tensor:
+        def iterate(steps: int, gen: Any) -> torch.Tensor:
             for _ in range(UNROLL):
-                path, is_new, _ = choose(steps)
+                path, is_new, _ = choose(steps, gen)
                 index, stop = _expand_dense(tree, expand_fn, path.parent, path.action, is_new, nan)
                 new_index.copy_(index.unsqueeze(-1))
                 stopped.copy_(stop)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import math
+
 import networkx as nx
 import pytest
 import torch
@@ -9,10 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mcts
+from mcts.action_selection import NoiseTape
 from mcts.base import ExpandOutput, RootInput
 from mcts.policies import make_generator
 from mcts.search import init_tree
 from mcts.synthetic import SyntheticEnv
+
+# The module, not the function mcts.search that shadows it in the package namespace.
+search_module = importlib.import_module("mcts.search")
 
 POLICIES = [mcts.muzero_policy, mcts.uct_policy, mcts.gumbel_muzero_policy]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -494,3 +501,49 @@ def test_cuda_graphs_give_the_eager_cuda_trees(policy):
         check_invariants(graphed.to("cpu"), 48)
         for name, t in eager.tensors().items():
             torch.testing.assert_close(graphed.tensors()[name], t, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("policy", [mcts.muzero_policy, mcts.gumbel_muzero_policy])
+@pytest.mark.parametrize("case", ["plain", "max_depth", "seed", "stop", "not_graph_safe"])
+def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
+    """compiled=True draws the rules' tie-break noise ahead of each compiled call (NoiseTape).
+    With the compiler swapped for the identity, that path must equal the fixed-step loop it
+    compiles (graphs=True on CPU, itself equal to the eager loop's trees) bit for bit, and leave
+    the generator where that loop does (the policy's action is drawn from it after the search)."""
+    monkeypatch.setattr(search_module._Compiled, "compiler", staticmethod(lambda fn: fn))
+    env = SyntheticEnv(num_actions=6, depth=5, discount=0.97, invalid_fraction=0.3)
+    expand = {"stop": stopping_expand(env), "not_graph_safe": lambda p, a, v: env.expand(p, a, v)}.get(case, env.expand)
+    kwargs = {"max_depth": {"max_depth": 3}, "seed": {"seed": 3}}.get(case, {})
+    fixed, taped = (policy(env.root(6), expand, num_simulations=40, graphs=True, compiled=c, **kwargs) for c in (False, True))
+    for name, t in fixed.search_tree.tensors().items():
+        assert torch.equal(t, taped.search_tree.tensors()[name]), name
+    assert torch.equal(fixed.action, taped.action)
+
+
+def test_noise_tape_replays_what_it_recorded():
+    g = torch.Generator().manual_seed(5)
+    tape = NoiseTape(g)
+    first = [tape.rand(shape, torch.device("cpu")) for shape in [(2, 3), (1, 3), (4, 3)]]
+    after = torch.rand(3, generator=g)
+    g.manual_seed(5)
+    replay = NoiseTape(noise=torch.rand(sum(math.prod(s) for s in tape.shapes), generator=g))
+    assert [tuple(x.shape) for x in first] == tape.shapes
+    for shape, x in zip(tape.shapes, first):
+        assert torch.equal(replay.rand(shape, torch.device("cpu")), x)
+    assert torch.equal(torch.rand(3, generator=g), after)
+
+
+@pytest.mark.slow
+def test_compiled_search_gives_valid_seeded_trees():
+    """The real torch.compile path (tens of seconds to compile): fused exp, log and sums round
+    differently from ATen's in the last bit, so the trees may differ from the eager loop's where
+    scores nearly tie; they must still be valid trees of the full budget, and seeded."""
+    env = SyntheticEnv(num_actions=4, depth=3, discount=0.97, invalid_fraction=0.3)
+    runs = [mcts.muzero_policy(env.root(3), env.expand, num_simulations=24, max_depth=3, compiled=True, seed=2) for _ in range(2)]
+    check_invariants(runs[0].search_tree, 24)
+    for name, t in runs[0].search_tree.tensors().items():
+        assert torch.equal(t, runs[1].search_tree.tensors()[name]), name
+    eager = mcts.muzero_policy(env.root(3), env.expand, num_simulations=24, max_depth=3, seed=2).search_tree
+    assert torch.equal(eager.num_simulations, runs[0].search_tree.num_simulations)
+    with pytest.raises(ValueError, match="leaves_per_iteration=1"):
+        mcts.muzero_policy(env.root(2), env.expand, num_simulations=4, leaves_per_iteration=2, compiled=True)
