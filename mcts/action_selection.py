@@ -36,28 +36,25 @@ def masked_argmax(scores: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
 
 
 class NoiseTape:
-    """Stands in for a rule's torch.Generator where the draws must be known ahead: a compiled
-    search step (mcts.search, compiled=True) cannot call the generator, so its uniform noise
-    is drawn before the step in one flat tensor and handed out here in order.
-
-    Recording (`noise` None): draws from `generator` as the rule would and notes each shape.
-    Replaying: serves `noise` (float32, the recorded shapes' sizes in order). A CPU generator
-    gives one flat draw the same numbers as the same draws made one by one, so the rules see
-    exactly the noise of the eager loop and the generator ends in the same state.
+    """Stands in for a rule's torch.Generator where the draws must be made ahead: a compiled
+    search step (mcts.search, compiled=True) cannot call the generator, so its uniform noise is
+    drawn before the step in one flat float32 tensor and handed out here in order; `offset`
+    counts the values handed out. A CPU generator gives one flat draw the same numbers as the
+    same draws made one by one, so the rules see exactly the noise of the eager loop.
     """
 
-    def __init__(self, generator: torch.Generator | None = None, noise: torch.Tensor | None = None):
-        self.generator = generator
+    def __init__(self, noise: torch.Tensor):
         self.noise = noise
-        self.shapes: list[tuple[int, ...]] = []
         self.offset = 0
 
-    def rand(self, shape: torch.Size | tuple[int, ...], device: torch.device) -> torch.Tensor:
+    def rand(self, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
         """Uniform [0, 1) float32 noise of this shape: the next draw."""
-        if self.noise is None:
-            self.shapes.append(tuple(shape))
-            return torch.rand(shape, generator=self.generator, device=device)
         size = math.prod(shape)
+        if self.offset + size > self.noise.numel():
+            raise ValueError(
+                f"a selection rule drew more tie-break noise than the compiled search holds ({self.noise.numel()} "
+                "values: one [B, K] draw per rule call); draw through the given generator once per call, or use compiled=False"
+            )
         out = self.noise[self.offset : self.offset + size].view(shape)
         self.offset += size
         return out
@@ -65,7 +62,7 @@ class NoiseTape:
 
 def _tie_break(stats: NodeStats, generator: torch.Generator | NoiseTape | None) -> torch.Tensor:
     if isinstance(generator, NoiseTape):
-        noise = generator.rand(stats.qvalues.shape, stats.qvalues.device)
+        noise = generator.rand(stats.qvalues.shape)
     else:
         noise = torch.rand(stats.qvalues.shape, generator=generator, device=stats.qvalues.device)
     return TIE_BREAK_SCALE * noise.to(stats.qvalues.dtype)

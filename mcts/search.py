@@ -7,7 +7,6 @@ never over trees.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -617,7 +616,10 @@ def search(
                 select_path, root_action_selection_fn=root_action_selection_fn,
                 interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth,
             ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn, generator=generator,
-            replay=_Compiled(generator) if compiled else _Replay(generator) if tree.device.type == "cuda" else None,
+            replay=(
+                _Compiled(generator, b, k, (n, _rule_key(root_action_selection_fn), _rule_key(interior_action_selection_fn)))
+                if compiled else _Replay(generator) if tree.device.type == "cuda" else None
+            ),
         )
         return tree
     while not bool(done.all()):
@@ -688,6 +690,10 @@ def _widen_on_paths(tree: Tree, widen_fn: WidenFn, paths: list[SelectedPath], do
         widen(tree, widen_fn, candidates)
 
 
+STEP_BUCKET = 4  # walk lengths are rounded up to a multiple of this: fewer graphs to capture
+UNROLL = 2  # iterations per graph when the expand function is graph-safe
+
+
 class _Replay:
     """Runs `fn(steps, generator)` eagerly the first time it sees `name`, then records it in a CUDA graph
     the first time it sees each `steps` and replays that graph from then on, returning the
@@ -737,38 +743,68 @@ class _Compiled:
     data-dependent shapes, nothing asked of the data from Python).
 
     Compiled code cannot call a torch.Generator, so the rules draw their tie-break noise from a
-    NoiseTape: the first call of each (name, steps) runs eagerly and records the shapes drawn;
-    later calls draw the same numbers from the generator in one piece before the compiled call.
+    NoiseTape filled before the call: room for one `[B, K]` draw per rule call (RULE_CALLS per
+    step), the first time; afterwards exactly what that call took (learnt from the tape, padded
+    to the compiled shape). The generator is then moved on by exactly the numbers used, as the
+    eager loop moves it. Every call is compiled, so a search gives the same tree whatever ran
+    before it in the process.
     """
 
     # Each (function, walk length, batch shape, rule) is one compiled variant; torch's default
     # of 8 per function would silently fall back to eager in a benchmark sweep.
     RECOMPILE_LIMIT = 64
+    # Selection-rule calls per walk step of each function _search_static runs.
+    RULE_CALLS = {"iterate": UNROLL, "select": 1, "backup": 0}
     # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
-    compiler = staticmethod(functools.partial(torch.compile, dynamic=False))
+    compiler = staticmethod(functools.partial(torch.compile, dynamic=False, options={"cpp_wrapper": True}))
+    # (signature, name, fn's code, steps) -> noise values one call takes, for the whole process.
+    used: dict[tuple[Any, ...], int] = {}
+    entry: dict[Any, Callable[..., Any]] = {}
 
-    def __init__(self, generator: torch.Generator | None):
-        self.generator = generator
-        self.shapes: dict[tuple[str, int], list[tuple[int, ...]]] = {}
-        self.compiled: dict[str, Callable[[int, Any], Any]] = {}
+    def __init__(self, generator: torch.Generator | None, batch_size: int, num_actions: int, signature: Any):
+        self.generator = generator if generator is not None else torch.default_generator
+        self.draw = batch_size * num_actions
+        self.signature = signature
 
     def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
-        key = (name, steps)
-        if key not in self.shapes:
-            tape = NoiseTape(self.generator)
-            out = fn(steps, tape)
-            self.shapes[key] = tape.shapes
-            return out
-        size = sum(math.prod(shape) for shape in self.shapes[key])
-        tape = NoiseTape(noise=torch.rand(size, generator=self.generator))
-        if name not in self.compiled:
-            self.compiled[name] = self.compiler(fn)
+        room = self.RULE_CALLS[name] * steps * self.draw
+        key = (self.signature, name, fn.__code__, steps)
+        used = self.used.get(key)
+        state = self.generator.get_state() if used is None else None
+        noise = torch.rand(room if used is None else used, generator=self.generator)
+        if noise.numel() < room:
+            noise = torch.cat([noise, noise.new_zeros(room - noise.numel())])
+        tape = NoiseTape(noise=noise)
+        # One compiled entry point for every search: dynamo keys its code on fn's code, so a new
+        # search's closure reuses the compiled variants (torch.compile per search costs ~1.6 ms).
+        compiled = self.entry.get(self.compiler)
+        if compiled is None:
+            compiled = self.entry[self.compiler] = self.compiler(_call)
         with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT):
-            return self.compiled[name](steps, tape)
+            out = compiled(fn, steps, tape)
+        if state is not None:
+            # Move the generator on by what the call took, not by the room it was given.
+            self.used[key] = tape.offset
+            self.generator.set_state(state)
+            torch.rand(tape.offset, generator=self.generator)
+        elif tape.offset != used:
+            raise RuntimeError(
+                f"compiled search: the selection rules drew {tape.offset} noise values where an earlier search "
+                f"of the same kind drew {used}; a rule whose draws change between searches needs compiled=False"
+            )
+        return out
 
 
-STEP_BUCKET = 4  # walk lengths are rounded up to a multiple of this: fewer graphs to capture
-UNROLL = 2  # iterations per graph when the expand function is graph-safe
+def _call(fn: Callable[[int, Any], Any], steps: int, tape: NoiseTape) -> Any:
+    return fn(steps, tape)
+
+
+def _rule_key(rule: ActionSelectionFn) -> Any:
+    """What decides a selection rule's draws: its function, not its constants (the built-in
+    rules draw once per call or never, whatever their parameters)."""
+    if isinstance(rule, functools.partial):
+        return rule.func, tuple(sorted(rule.keywords))
+    return rule
 
 
 def round_up(n: int, m: int) -> int:

@@ -86,8 +86,12 @@ class Tree:
 
         A view, made once per tree: the search reads every field by flat row index each
         step, and each tensor op is its cost. A non-contiguous field gets a fresh copy per
-        call instead (a cached copy would miss the search's in-place updates).
+        call instead (a cached copy would miss the search's in-place updates). Under
+        torch.compile the view is made in the graph: a cached view would enter it as a second
+        input aliasing a mutated field, which costs whole-field copies.
         """
+        if torch.compiler.is_compiling():
+            return getattr(self, name).flatten(0, 1)
         views = self.__dict__.setdefault("_row_views", {})
         view = views.get(name)
         if view is None:

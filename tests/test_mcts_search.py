@@ -520,17 +520,18 @@ def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
     assert torch.equal(fixed.action, taped.action)
 
 
-def test_noise_tape_replays_what_it_recorded():
+def test_noise_tape_hands_out_the_draws_made_one_by_one():
     g = torch.Generator().manual_seed(5)
-    tape = NoiseTape(g)
-    first = [tape.rand(shape, torch.device("cpu")) for shape in [(2, 3), (1, 3), (4, 3)]]
+    shapes = [(2, 3), (1, 3), (4, 3)]
+    one_by_one = [torch.rand(shape, generator=g) for shape in shapes]
     after = torch.rand(3, generator=g)
     g.manual_seed(5)
-    replay = NoiseTape(noise=torch.rand(sum(math.prod(s) for s in tape.shapes), generator=g))
-    assert [tuple(x.shape) for x in first] == tape.shapes
-    for shape, x in zip(tape.shapes, first):
-        assert torch.equal(replay.rand(shape, torch.device("cpu")), x)
-    assert torch.equal(torch.rand(3, generator=g), after)
+    tape = NoiseTape(torch.rand(sum(math.prod(s) for s in shapes), generator=g))
+    for shape, x in zip(shapes, one_by_one):
+        assert torch.equal(tape.rand(shape), x)
+    assert tape.offset == 21 and torch.equal(torch.rand(3, generator=g), after)
+    with pytest.raises(ValueError, match="more tie-break noise"):
+        tape.rand((1, 3))
 
 
 @pytest.mark.slow
@@ -539,6 +540,7 @@ def test_compiled_search_gives_valid_seeded_trees():
     differently from ATen's in the last bit, so the trees may differ from the eager loop's where
     scores nearly tie; they must still be valid trees of the full budget, and seeded."""
     env = SyntheticEnv(num_actions=4, depth=3, discount=0.97, invalid_fraction=0.3)
+    # The second search reuses what the first learnt (noise per call, compiled code): same tree.
     runs = [mcts.muzero_policy(env.root(3), env.expand, num_simulations=24, max_depth=3, compiled=True, seed=2) for _ in range(2)]
     check_invariants(runs[0].search_tree, 24)
     for name, t in runs[0].search_tree.tensors().items():
