@@ -580,8 +580,11 @@ def search(
       children) the random choice can differ from the eager loop's.
     compiled: on CPU, run the fixed-step loop through torch.compile (`_Compiled`): whole
       iterations when the expand function is `graph_safe`, else selection and backup. Same
-      trees as `graphs=True` on CPU; each new walk length and batch shape costs a compilation
-      (tens of seconds), so it pays on long or repeated searches. Needs L = 1.
+      rules and the same tie-break noise, but the fused arithmetic rounds differently from
+      ATen's in the last bit, so near-tied selections can go the other way: the trees are valid
+      and repeat by seed, and can differ from the eager loop's (and between CPU types). Each
+      new walk length and batch shape costs a compilation (about a minute on 2 cores, then
+      cached on disk), so it pays on long or repeated searches. Needs L = 1.
     """
     if widen_fn is None:
         widen_fn = getattr(expand_fn, "widen", None)
@@ -750,9 +753,10 @@ class _Compiled:
     before it in the process.
     """
 
-    # Each (function, walk length, batch shape, rule) is one compiled variant; torch's default
-    # of 8 per function would silently fall back to eager in a benchmark sweep.
-    RECOMPILE_LIMIT = 64
+    # Each (function, walk length, batch shape, rule) is one compiled variant. Past torch's
+    # limit (8 by default) dynamo would run eagerly, which rounds differently and so changes
+    # the trees: allow more, and fail loudly instead of falling back.
+    RECOMPILE_LIMIT = 256
     # Selection-rule calls per walk step of each function _search_static runs.
     RULE_CALLS = {"iterate": UNROLL, "select": 1, "backup": 0}
     # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
@@ -780,7 +784,7 @@ class _Compiled:
         compiled = self.entry.get(self.compiler)
         if compiled is None:
             compiled = self.entry[self.compiler] = self.compiler(_call)
-        with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT):
+        with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
             out = compiled(fn, steps, tape)
         if state is not None:
             # Move the generator on by what the call took, not by the room it was given.
