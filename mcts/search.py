@@ -768,7 +768,7 @@ class _Compiled:
     def __init__(self, generator: torch.Generator | None, batch_size: int, num_actions: int, signature: Any):
         self.generator = generator if generator is not None else torch.default_generator
         self.draw = batch_size * num_actions
-        self.signature = signature
+        self.signature = (batch_size, num_actions, signature)
 
     def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
         room = self.RULE_CALLS[name] * steps * self.draw

@@ -520,6 +520,17 @@ def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
     assert torch.equal(fixed.action, taped.action)
 
 
+def test_noise_tape_keeps_what_it_learnt_per_batch_shape(monkeypatch):
+    # The noise a compiled call takes is learnt once per kind of search: another batch size
+    # is another kind (a shared record once made the second search fail).
+    monkeypatch.setattr(search_module._Compiled, "compiler", staticmethod(lambda fn: fn))
+    env = SyntheticEnv(num_actions=5, depth=4, discount=0.97)
+    for b in (2, 5, 2):
+        fixed, taped = (mcts.muzero_policy(env.root(b), env.expand, num_simulations=12, graphs=True, compiled=c, seed=b)
+                        for c in (False, True))
+        assert torch.equal(fixed.search_tree.node_visits, taped.search_tree.node_visits)
+
+
 def test_noise_tape_hands_out_the_draws_made_one_by_one():
     g = torch.Generator().manual_seed(5)
     shapes = [(2, 3), (1, 3), (4, 3)]
