@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from mcts.action_selection import NoiseTape
 from mcts.base import ActionSelectionFn, ExpandFn, ExpandOutput, NodeStats, RootInput, WidenFn, WidenOutput
+from mcts.runners import Compiled, CudaGraphs, rule_key
 from mcts.tree import NO_HANDLE, NO_PARENT, ROOT_INDEX, UNVISITED, Tree, grow
 
 # Selection outcomes, one per tree, in SelectedPath.status.
@@ -578,7 +578,7 @@ def search(
       without capture (what the tests check). Same rules and same trees, except that tie-break
       noise is drawn for a fixed number of steps: where a rule ties exactly (UCT's unvisited
       children) the random choice can differ from the eager loop's.
-    compiled: on CPU, run the fixed-step loop through torch.compile (`_Compiled`): whole
+    compiled: on CPU, run the fixed-step loop through torch.compile (`mcts.runners.Compiled`): whole
       iterations when the expand function is `graph_safe`, else selection and backup. Same
       rules and the same tie-break noise, but the fused arithmetic rounds differently from
       ATen's in the last bit, so near-tied selections can go the other way: the trees are valid
@@ -620,8 +620,9 @@ def search(
                 interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth,
             ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn, generator=generator,
             replay=(
-                _Compiled(generator, b, k, (n, _rule_key(root_action_selection_fn), _rule_key(interior_action_selection_fn)))
-                if compiled else _Replay(generator) if tree.device.type == "cuda" else None
+                Compiled(generator, b, k, (n, rule_key(root_action_selection_fn), rule_key(interior_action_selection_fn)),
+                         rule_calls={"iterate": UNROLL, "select": 1, "backup": 0})
+                if compiled else CudaGraphs(generator) if tree.device.type == "cuda" else None
             ),
         )
         return tree
@@ -697,120 +698,6 @@ STEP_BUCKET = 4  # walk lengths are rounded up to a multiple of this: fewer grap
 UNROLL = 2  # iterations per graph when the expand function is graph-safe
 
 
-class _Replay:
-    """Runs `fn(steps, generator)` eagerly the first time it sees `name`, then records it in a CUDA graph
-    the first time it sees each `steps` and replays that graph from then on, returning the
-    graph's (fixed) output tensors.
-
-    A graph replays the same kernels on the same memory: `fn` must read and write only tensors
-    that live across calls (the tree's, `done`, the backup's inputs) and must not ask the device
-    anything (no `.item()`, `.any()` in Python, `nonzero`). The eager first call fills the caches
-    a capture must not create (the Gumbel halving table, say).
-    """
-
-    def __init__(self, generator: torch.Generator | None):
-        self.generator = generator
-        self.warm: set[str] = set()
-        self.graphs: dict[tuple[str, int], tuple[Any, Any]] = {}
-
-    def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
-        if name not in self.warm:
-            self.warm.add(name)
-            return fn(steps, self.generator)
-        key = (name, steps)
-        if key not in self.graphs:
-            graph = torch.cuda.CUDAGraph()
-            if self.generator is not None:
-                graph.register_generator_state(self.generator)
-            # capture_begin/end on a side stream, as torch.cuda.graph does, without its
-            # gc.collect() and empty_cache() per capture.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                graph.capture_begin()
-                try:
-                    out = fn(steps, self.generator)
-                finally:
-                    graph.capture_end()
-            torch.cuda.current_stream().wait_stream(side)
-            self.graphs[key] = (graph, out)
-        graph, out = self.graphs[key]
-        graph.replay()
-        return out
-
-
-class _Compiled:
-    """Runs `fn(steps, generator)` compiled by torch.compile (inductor) on CPU: a whole
-    iteration becomes a few fused C++ loops instead of hundreds of ATen calls, each paying
-    Python and dispatch overhead. Same contract for `fn` as _Replay's graphs (fixed tensors, no
-    data-dependent shapes, nothing asked of the data from Python).
-
-    Compiled code cannot call a torch.Generator, so the rules draw their tie-break noise from a
-    NoiseTape filled before the call: room for one `[B, K]` draw per rule call (RULE_CALLS per
-    step), the first time; afterwards exactly what that call took (learnt from the tape, padded
-    to the compiled shape). The generator is then moved on by exactly the numbers used, as the
-    eager loop moves it. Every call is compiled, so a search gives the same tree whatever ran
-    before it in the process.
-    """
-
-    # Each (function, walk length, batch shape, rule) is one compiled variant. Past torch's
-    # limit (8 by default) dynamo would run eagerly, which rounds differently and so changes
-    # the trees: allow more, and fail loudly instead of falling back.
-    RECOMPILE_LIMIT = 256
-    # Selection-rule calls per walk step of each function _search_static runs.
-    RULE_CALLS = {"iterate": UNROLL, "select": 1, "backup": 0}
-    # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
-    compiler = staticmethod(functools.partial(torch.compile, dynamic=False, options={"cpp_wrapper": True}))
-    # (signature, name, fn's code, steps) -> noise values one call takes, for the whole process.
-    used: dict[tuple[Any, ...], int] = {}
-    entry: dict[Any, Callable[..., Any]] = {}
-
-    def __init__(self, generator: torch.Generator | None, batch_size: int, num_actions: int, signature: Any):
-        self.generator = generator if generator is not None else torch.default_generator
-        self.draw = batch_size * num_actions
-        self.signature = (batch_size, num_actions, signature)
-
-    def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
-        room = self.RULE_CALLS[name] * steps * self.draw
-        key = (self.signature, name, fn.__code__, steps)
-        used = self.used.get(key)
-        state = self.generator.get_state() if used is None else None
-        noise = torch.rand(room if used is None else used, generator=self.generator)
-        if noise.numel() < room:
-            noise = torch.cat([noise, noise.new_zeros(room - noise.numel())])
-        tape = NoiseTape(noise=noise)
-        # One compiled entry point for every search: dynamo keys its code on fn's code, so a new
-        # search's closure reuses the compiled variants (torch.compile per search costs ~1.6 ms).
-        compiled = self.entry.get(self.compiler)
-        if compiled is None:
-            compiled = self.entry[self.compiler] = self.compiler(_call)
-        with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
-            out = compiled(fn, steps, tape)
-        if state is not None:
-            # Move the generator on by what the call took, not by the room it was given.
-            self.used[key] = tape.offset
-            self.generator.set_state(state)
-            torch.rand(tape.offset, generator=self.generator)
-        elif tape.offset != used:
-            raise RuntimeError(
-                f"compiled search: the selection rules drew {tape.offset} noise values where an earlier search "
-                f"of the same kind drew {used}; a rule whose draws change between searches needs compiled=False"
-            )
-        return out
-
-
-def _call(fn: Callable[[int, Any], Any], steps: int, tape: NoiseTape) -> Any:
-    return fn(steps, tape)
-
-
-def _rule_key(rule: ActionSelectionFn) -> Any:
-    """What decides a selection rule's draws: its function, not its constants (the built-in
-    rules draw once per call or never, whatever their parameters)."""
-    if isinstance(rule, functools.partial):
-        return rule.func, tuple(sorted(rule.keywords))
-    return rule
-
-
 def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
@@ -825,7 +712,7 @@ def _search_static(
     max_depth: int | None,
     widen_fn: WidenFn | None,
     generator: torch.Generator | None,
-    replay: _Replay | _Compiled | None,
+    replay: CudaGraphs | Compiled | None,
 ) -> None:
     """search() with one leaf per iteration, written for CUDA graphs: selection and backup read
     and write fixed tensors and take a fixed number of steps (the deepest node's depth + 1,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import networkx as nx
@@ -15,11 +14,9 @@ import mcts
 from mcts.action_selection import NoiseTape
 from mcts.base import ExpandOutput, RootInput
 from mcts.policies import make_generator
+from mcts.runners import Compiled
 from mcts.search import init_tree
 from mcts.synthetic import SyntheticEnv
-
-# The module, not the function mcts.search that shadows it in the package namespace.
-search_module = importlib.import_module("mcts.search")
 
 POLICIES = [mcts.muzero_policy, mcts.uct_policy, mcts.gumbel_muzero_policy]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -510,7 +507,7 @@ def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
     With the compiler swapped for the identity, that path must equal the fixed-step loop it
     compiles (graphs=True on CPU, itself equal to the eager loop's trees) bit for bit, and leave
     the generator where that loop does (the policy's action is drawn from it after the search)."""
-    monkeypatch.setattr(search_module._Compiled, "compiler", staticmethod(lambda fn: fn))
+    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn: fn))
     env = SyntheticEnv(num_actions=6, depth=5, discount=0.97, invalid_fraction=0.3)
     expand = {"stop": stopping_expand(env), "not_graph_safe": lambda p, a, v: env.expand(p, a, v)}.get(case, env.expand)
     kwargs = {"max_depth": {"max_depth": 3}, "seed": {"seed": 3}}.get(case, {})
@@ -523,7 +520,7 @@ def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
 def test_noise_tape_keeps_what_it_learnt_per_batch_shape(monkeypatch):
     # The noise a compiled call takes is learnt once per kind of search: another batch size
     # is another kind (a shared record once made the second search fail).
-    monkeypatch.setattr(search_module._Compiled, "compiler", staticmethod(lambda fn: fn))
+    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn: fn))
     env = SyntheticEnv(num_actions=5, depth=4, discount=0.97)
     for b in (2, 5, 2):
         fixed, taped = (mcts.muzero_policy(env.root(b), env.expand, num_simulations=12, graphs=True, compiled=c, seed=b)
