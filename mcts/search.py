@@ -578,13 +578,13 @@ def search(
       without capture (what the tests check). Same rules and same trees, except that tie-break
       noise is drawn for a fixed number of steps: where a rule ties exactly (UCT's unvisited
       children) the random choice can differ from the eager loop's.
-    compiled: on CPU, run the fixed-step loop through torch.compile (`mcts.runners.Compiled`): whole
-      iterations when the expand function is `graph_safe`, else selection and backup. Same
-      rules and the same tie-break noise, but the fused arithmetic rounds differently from
-      ATen's in the last bit, so near-tied selections can go the other way: the trees are valid
-      and repeat by seed, and can differ from the eager loop's (and between CPU types). Each
-      new walk length and batch shape costs a compilation (about a minute on 2 cores, then
-      cached on disk), so it pays on long or repeated searches. Needs L = 1.
+    compiled: on CPU, run the fixed-step loop's selection and backup through torch.compile
+      (`mcts.runners.Compiled`), the expand function eagerly between them. Same rules and the
+      same tie-break noise; the fused arithmetic can round differently from ATen's in the last
+      bit, so a near-tied selection could go the other way (none did in
+      benchmarks/probe_mcts_compiled.py), and the generated code depends on the CPU. Each new
+      walk length and batch shape costs a compilation (about a minute on 2 cores, then cached
+      on disk), so it pays on long or repeated searches. Needs L = 1.
     """
     if widen_fn is None:
         widen_fn = getattr(expand_fn, "widen", None)
@@ -747,7 +747,11 @@ def _search_static(
 
     run = replay or (lambda name, fn, steps: fn(steps, generator))
     deepest = int(tree.depth.max())
-    if widen_fn is None and getattr(expand_fn, "graph_safe", False):
+    # torch.compile does not take the expand function into its code: compiled inside the
+    # graph, SyntheticEnv.expand returned other outputs than eagerly (probe_mcts_compiled.py),
+    # while compiled selection and backup around an eager expand gave the eager trees.
+    whole = widen_fn is None and getattr(expand_fn, "graph_safe", False) and not isinstance(replay, Compiled)
+    if whole:
         # The expand function is capturable too: whole iterations are one graph, and the host
         # reads three numbers per replay (all done, deepest node, NaN seen).
         nan = torch.zeros(2, dtype=torch.bool, device=tree.device)
