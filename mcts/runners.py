@@ -77,6 +77,10 @@ class Compiled:
     # limit (8 by default) dynamo would run eagerly, which rounds differently and so changes
     # the trees: allow more, and fail loudly instead of falling back.
     RECOMPILE_LIMIT = 256
+    # The expand function stays out of the graph: compiled into it, SyntheticEnv.expand returned
+    # other outputs than eagerly. True brings back that first form, for
+    # benchmarks/probe_mcts_compiled.py only.
+    compile_expand = False
     # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
     compiler = staticmethod(functools.partial(torch.compile, dynamic=False, options={"cpp_wrapper": True}))
     # (signature, name, fn's code, steps) -> noise values one call takes, for the whole process.

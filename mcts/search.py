@@ -750,7 +750,8 @@ def _search_static(
     # torch.compile does not take the expand function into its code: compiled inside the
     # graph, SyntheticEnv.expand returned other outputs than eagerly (probe_mcts_compiled.py),
     # while compiled selection and backup around an eager expand gave the eager trees.
-    whole = widen_fn is None and getattr(expand_fn, "graph_safe", False) and not isinstance(replay, Compiled)
+    compiling_expand = not isinstance(replay, Compiled) or replay.compile_expand
+    whole = widen_fn is None and getattr(expand_fn, "graph_safe", False) and compiling_expand
     if whole:
         # The expand function is capturable too: whole iterations are one graph, and the host
         # reads three numbers per replay (all done, deepest node, NaN seen).
