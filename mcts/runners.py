@@ -60,8 +60,8 @@ class CudaGraphs:
 
 
 class Compiled:
-    """Runs `fn(steps, generator)` compiled by torch.compile (inductor) on CPU: a whole
-    iteration becomes a few fused C++ loops instead of hundreds of ATen calls, each paying
+    """Runs `fn(steps, generator)` compiled by torch.compile (inductor) on CPU: a selection walk
+    or a backup becomes a few fused C++ loops instead of hundreds of ATen calls, each paying
     Python and dispatch overhead. Same contract for `fn` as CudaGraphs (fixed tensors, no
     data-dependent shapes, nothing asked of the data from Python).
 
