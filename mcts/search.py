@@ -583,7 +583,7 @@ def search(
       same tie-break noise; the fused arithmetic can round differently from ATen's in the last
       bit, so a near-tied selection could go the other way (none did in
       benchmarks/probe_mcts_compiled.py), and the generated code depends on the CPU. Each new
-      walk length and batch shape costs a compilation (about a minute on 2 cores, then cached
+      walk length and batch shape costs a compilation (then cached
       on disk), so it pays on long or repeated searches. Needs L = 1.
     """
     if widen_fn is None:
