@@ -22,30 +22,23 @@ import time
 import torch
 
 import mcts
-from mcts.synthetic import _CORRECT_BIT, _DEPTH_SHIFT, _HASH_MASK, SyntheticEnv
+from mcts.synthetic import _CORRECT_BIT, _DEPTH_SHIFT, _HASH_MASK, _MUL, _UNIT_BITS, SyntheticEnv
 
 PB_C_INIT, PB_C_BASE = 1.25, 19652.0
 # On CPU the process's CPU time is the clock: the host is shared, and wall time there measures
 # other people's jobs. On CUDA, wall time (the GPU works while the process waits).
 CLOCK = time.process_time
-_M64 = (1 << 64) - 1
-
-
-def _wrap(x: int) -> int:
-    """Python int -> signed int64 with wraparound, as torch computes."""
-    x &= _M64
-    return x - (1 << 64) if x >= 1 << 63 else x
 
 
 def _mix(x: int) -> int:
-    x = _wrap(x)
-    x = _wrap((x ^ (x >> 29)) * 0x5851F42D4C957F2D)
-    x = _wrap((x ^ (x >> 32)) * 0x14057B7EF767814F)
-    return (x ^ (x >> 29)) & _HASH_MASK
+    x &= _HASH_MASK
+    x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
+    x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
+    return x ^ (x >> 16)
 
 
 def _unit(h: int, salt: int) -> float:
-    return (_mix(h + salt) % 1_000_003) / 1_000_003.0
+    return (_mix(h + salt) & ((1 << _UNIT_BITS) - 1)) * 2.0**-_UNIT_BITS
 
 
 class ScalarEnv:
@@ -174,14 +167,15 @@ def batched(
     env: SyntheticEnv, policy, b: int, num_simulations: int, leaves: int, device: str, graphs: bool | None = None,
     split: bool = False,
     compiled: bool = False,
-) -> tuple[float, torch.Tensor]:
-    """(simulations/s, `[B, K]` root visit counts) of one batched search of b trees (after a warm-up).
+) -> tuple[float, torch.Tensor, float]:
+    """(simulations/s, `[B, K]` root visit counts, warm-up seconds) of one batched search of b
+    trees (after a warm-up, untimed in the rate).
 
     graphs: mcts.search's CUDA graphs (default: on for CUDA with L = 1); each search captures its
     own graphs, and that capture is inside the timed call. The environment's expand is graph-safe,
     so whole iterations are graphs; split=True hides that, so it runs eagerly between graphs.
     compiled: mcts.search's torch.compile path; its warm-up is a whole search of the same shape,
-    so the timed call reuses the compiled code (compile_seconds() reports what that cost)."""
+    so the timed call reuses the compiled code (the warm-up seconds are what compiling cost)."""
     kwargs = {"dirichlet_fraction": 0.0} if policy is mcts.muzero_policy else {}
     kwargs["graphs"] = graphs
     kwargs["compiled"] = compiled
@@ -189,7 +183,7 @@ def batched(
     warm = (b, num_simulations) if compiled else (min(b, 2), 4)
     start = time.perf_counter()
     policy(env.root(warm[0], device=device), expand, num_simulations=warm[1], device=device, **kwargs)
-    batched.warm_seconds = time.perf_counter() - start
+    warm_seconds = time.perf_counter() - start
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     clock = time.perf_counter if device.startswith("cuda") else CLOCK
@@ -202,7 +196,7 @@ def batched(
         torch.cuda.synchronize()
     elapsed = clock() - start
     assert int(out.search_tree.num_simulations.min()) == num_simulations
-    return b * num_simulations / elapsed, out.search_tree.children_visits[:, 0].cpu()
+    return b * num_simulations / elapsed, out.search_tree.children_visits[:, 0].cpu(), warm_seconds
 
 
 def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, repeats: int, device: str) -> float | None:
@@ -229,12 +223,13 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
     k = env.num_actions
 
     def mix(x):
-        x = (x ^ (x >> 29)) * 0x5851F42D4C957F2D
-        x = (x ^ (x >> 32)) * 0x14057B7EF767814F
-        return (x ^ (x >> 29)) & _HASH_MASK
+        x = x & _HASH_MASK
+        x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
+        x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
+        return x ^ (x >> 16)
 
     def unit(h, salt):
-        return (mix(h + salt) % 1_000_003).astype(jnp.float32) / 1_000_003.0
+        return (mix(h + salt) & ((1 << _UNIT_BITS) - 1)).astype(jnp.float32) * 2.0**-_UNIT_BITS
 
     def correct_action(depth):
         return mix(depth + 1000 * (env.seed + 1)) % k
@@ -361,7 +356,7 @@ def main() -> None:
             line += f"\n{'  no CUDA graphs (eager)':34s}: {eager:>11,.0f} sim/s  graphs x{rate / eager:5.2f}"
         if args.compiled and leaves == 1 and not device.startswith("cuda"):
             runs = [batched(env, policy, b, sims, leaves, device, compiled=True)]
-            compile_seconds = batched.warm_seconds  # later warm-ups reuse this process's compiled code
+            compile_seconds = runs[0][2]  # later warm-ups reuse this process's compiled code
             runs += [batched(env, policy, b, sims, leaves, device, compiled=True) for _ in range(args.repeats - 1)]
             fast, fast_visits = max(r[0] for r in runs), runs[0][1]
             # Fused exp/log/sums round differently in the last bit: near ties can go the other way.
@@ -373,6 +368,8 @@ def main() -> None:
         peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats, device) if leaves == 1 else None
         if peer is not None:
             line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"
+            if args.compiled and leaves == 1 and not device.startswith("cuda"):
+                line += f"  compiled/mctx x{fast / peer:5.2f}"
         print(line)
     counts = ", ".join(f"B={b}: {ops_per_step(env, b, sims):.0f}" for b in sizes[:2])
     print(f"ATen ops per simulation step (muzero_policy, environment included): {counts}")

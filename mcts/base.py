@@ -70,7 +70,11 @@ class ExpandFn(Protocol):
     A function that is only tensor ops on its inputs (no reads back to the host, the same
     shapes every call; e.g. SyntheticEnv.expand) may carry `graph_safe = True`: on CUDA with
     L = 1 and no widening the search then records whole iterations in one CUDA graph and calls
-    it every iteration, also when `valid` is all False.
+    it every iteration, also when `valid` is all False; with `compiled=True` on CPU it is
+    compiled into the same C++ code as the selection and backup. There it must not rely on
+    int64 wraparound: the generated C++ treats signed overflow as undefined, and gcc then
+    computes other values than eager torch (an earlier SyntheticEnv hash did; now its
+    products stay below 2**63).
     """
 
     def __call__(

@@ -578,10 +578,11 @@ def search(
       without capture (what the tests check). Same rules and same trees, except that tie-break
       noise is drawn for a fixed number of steps: where a rule ties exactly (UCT's unvisited
       children) the random choice can differ from the eager loop's.
-    compiled: on CPU, run the fixed-step loop's selection and backup through torch.compile
-      (`mcts.runners.Compiled`), the expand function eagerly between them. Same rules and the
-      same tie-break noise; the fused arithmetic can round differently from ATen's in the last
-      bit, so a near-tied selection could go the other way (none did in
+    compiled: on CPU, run the fixed-step loop through torch.compile (`mcts.runners.Compiled`):
+      whole iterations when the expand function is `graph_safe` and nothing widens, else the
+      selection and the backup with the expand function eagerly between them. Same rules and
+      the same tie-break noise; the fused arithmetic can round differently from ATen's in the
+      last bit, so a near-tied selection could go the other way (none did in
       benchmarks/probe_mcts_compiled.py), and the generated code depends on the CPU. Each new
       walk length and batch shape costs a compilation (then cached
       on disk), so it pays on long or repeated searches. Needs L = 1.
@@ -747,9 +748,8 @@ def _search_static(
 
     run = replay or (lambda name, fn, steps: fn(steps, generator))
     deepest = int(tree.depth.max())
-    # torch.compile does not take the expand function into its code: compiled inside the
-    # graph, SyntheticEnv.expand returned other outputs than eagerly (probe_mcts_compiled.py),
-    # while compiled selection and backup around an eager expand gave the eager trees.
+    # Compiled.compile_expand False keeps a graph-safe expand function out of the compiled
+    # graph (benchmarks/probe_mcts_compiled.py compares both forms).
     compiling_expand = not isinstance(replay, Compiled) or replay.compile_expand
     whole = widen_fn is None and getattr(expand_fn, "graph_safe", False) and compiling_expand
     if whole:

@@ -1,7 +1,7 @@
 """A cheap deterministic environment with a known best path, for tests and benchmarks.
 
 A state is an int64 handle: bits 56-62 hold its depth, bit 55 whether every action so far
-followed the hidden correct path, bits 0-54 a hash of the path. Episodes end at `depth`; the
+followed the hidden correct path, bits 0-31 a hash of the path. Episodes end at `depth`; the
 terminal reward is 1 on the correct path and 0 elsewhere. Priors and value estimates are
 hash-derived noise with a mild hint towards the correct action, so search has work to do.
 """
@@ -16,19 +16,25 @@ from mcts.base import ExpandOutput, RootInput
 
 _DEPTH_SHIFT = 56
 _CORRECT_BIT = 1 << 55
-_HASH_MASK = (1 << 55) - 1
+_HASH_MASK = (1 << 32) - 1
+_MUL = 0x45D9F3B  # < 2**27: a 32-bit value times it stays below 2**59
+_UNIT_BITS = 20
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 55-bit integer hash (multiply-xorshift; int64 wraparound is intended)."""
-    x = (x ^ (x >> 29)) * 0x5851F42D4C957F2D
-    x = (x ^ (x >> 32)) * 0x14057B7EF767814F
-    return (x ^ (x >> 29)) & _HASH_MASK
+    """A 32-bit integer hash (xorshift-multiply, a bijection on 32 bits) whose products never
+    overflow int64. Compiled C++ treats signed overflow as undefined and gcc -O3 then computes
+    other values than eager torch's wraparound, so a wrapping hash changes once compiled."""
+    x = x & _HASH_MASK
+    x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
+    x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
+    return x ^ (x >> 16)
 
 
 def _unit(h: torch.Tensor, salt: int) -> torch.Tensor:
-    """Uniform-looking float in [0, 1) from a hash and a salt."""
-    return (_mix(h + salt) % 1_000_003).to(torch.float32) / 1_000_003.0
+    """Uniform-looking float in [0, 1) from a hash and a salt; a power-of-two scale, so exact
+    whatever fuses or reorders it."""
+    return (_mix(h + salt) & ((1 << _UNIT_BITS) - 1)).to(torch.float32) * 2.0**-_UNIT_BITS
 
 
 @dataclass(frozen=True)

@@ -512,10 +512,9 @@ def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
     env = SyntheticEnv(num_actions=6, depth=5, discount=0.97, invalid_fraction=0.3)
     expand = {"stop": stopping_expand(env), "not_graph_safe": lambda p, a, v: env.expand(p, a, v)}.get(case, env.expand)
     kwargs = {"max_depth": {"max_depth": 3}, "seed": {"seed": 3}}.get(case, {})
-    # Compiled runs never take the expand function into the graph: the reference is the
-    # fixed-step loop with the expand function between graphs (same noise draws).
-    split = lambda p, a, v: expand(p, a, v)  # noqa: E731
-    fixed = policy(env.root(6), split, num_simulations=40, graphs=True, **kwargs)
+    # The reference takes the same form: whole iterations for a graph-safe expand function,
+    # else the expand function between graphs (same noise draws).
+    fixed = policy(env.root(6), expand, num_simulations=40, graphs=True, **kwargs)
     taped = policy(env.root(6), expand, num_simulations=40, compiled=True, **kwargs)
     for name, t in fixed.search_tree.tensors().items():
         assert torch.equal(t, taped.search_tree.tensors()[name]), name
@@ -528,8 +527,7 @@ def test_noise_tape_keeps_what_it_learnt_per_batch_shape(monkeypatch):
     monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn: fn))
     env = SyntheticEnv(num_actions=5, depth=4, discount=0.97)
     for b in (2, 5, 2):
-        split = lambda p, a, v: env.expand(p, a, v)  # noqa: E731
-        fixed = mcts.muzero_policy(env.root(b), split, num_simulations=12, graphs=True, seed=b)
+        fixed = mcts.muzero_policy(env.root(b), env.expand, num_simulations=12, graphs=True, seed=b)
         taped = mcts.muzero_policy(env.root(b), env.expand, num_simulations=12, compiled=True, seed=b)
         assert torch.equal(fixed.search_tree.node_visits, taped.search_tree.node_visits)
 
@@ -549,13 +547,38 @@ def test_noise_tape_hands_out_the_draws_made_one_by_one():
 
 
 @pytest.mark.slow
+def test_compiled_synthetic_env_and_whole_iterations_give_the_eager_results():
+    """The real compiler on the graph-safe SyntheticEnv.expand, alone and inside whole compiled
+    iterations. An earlier hash relied on int64 wraparound, which the generated C++ treats as
+    undefined: compiled, it gave the correct-action bonus to other actions and so other trees."""
+    env = SyntheticEnv(num_actions=8, depth=6, discount=0.97)
+    handles = env.root(16).handle.unsqueeze(1)
+    compiled_expand = torch.compile(env.expand, dynamic=False)
+    for a in range(env.depth):
+        actions = torch.full_like(handles, a)
+        eager, compiled = env.expand(handles, actions, None), compiled_expand(handles, actions, None)
+        for name in ("reward", "prior_logits", "value", "handle", "terminal"):
+            assert torch.equal(getattr(eager, name), getattr(compiled, name)), (a, name)
+        handles = eager.handle
+    # max_depth fixes the walk length: one compiled variant (compiling is most of the cost).
+    env = SyntheticEnv(num_actions=6, depth=5, discount=0.97, invalid_fraction=0.3)
+    kwargs = {"num_simulations": 32, "max_depth": 4, "seed": 1}
+    fixed = mcts.muzero_policy(env.root(8), env.expand, graphs=True, **kwargs)
+    whole = mcts.muzero_policy(env.root(8), env.expand, compiled=True, **kwargs)
+    for name, t in fixed.search_tree.tensors().items():
+        assert torch.equal(t, whole.search_tree.tensors()[name]), name
+
+
+@pytest.mark.slow
 def test_compiled_search_gives_valid_seeded_trees():
-    """The real torch.compile path (tens of seconds to compile): fused exp, log and sums round
-    differently from ATen's in the last bit, so the trees may differ from the eager loop's where
-    scores nearly tie; they must still be valid trees of the full budget, and seeded."""
+    """The real torch.compile path with the expand function eager between compiled selection
+    and backup (the form an LLM policy gets; tens of seconds to compile): fused exp, log and
+    sums round differently from ATen's in the last bit, so the trees may differ from the eager
+    loop's where scores nearly tie; they must still be valid trees of the full budget, and seeded."""
     env = SyntheticEnv(num_actions=4, depth=3, discount=0.97, invalid_fraction=0.3)
+    expand = lambda p, a, v: env.expand(p, a, v)  # noqa: E731 -- not graph-safe
     # The second search reuses what the first learnt (noise per call, compiled code): same tree.
-    runs = [mcts.muzero_policy(env.root(3), env.expand, num_simulations=24, max_depth=3, compiled=True, seed=2) for _ in range(2)]
+    runs = [mcts.muzero_policy(env.root(3), expand, num_simulations=24, max_depth=3, compiled=True, seed=2) for _ in range(2)]
     check_invariants(runs[0].search_tree, 24)
     for name, t in runs[0].search_tree.tensors().items():
         assert torch.equal(t, runs[1].search_tree.tensors()[name]), name
