@@ -107,6 +107,11 @@ def main() -> None:
     parser.add_argument("--widen-arguments", action="store_true", help="MCTS search.widen_arguments (variant rounds)")
     parser.add_argument("--pb-c-init", type=float, help="PUCT exploration constant c1 (default: the config's)")
     parser.add_argument("--value-model", help="fitted value head for the value_model option")
+    parser.add_argument("--leaves", default="1",
+                        help="MCTS leaves per tree per iteration to compare (comma-separated; L > 1 adds rows "
+                             "per decode step, with virtual loss); method names get @L<n> for L > 1")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="MCTS only (no greedy, no best-of-N, so no ratios): to compare MCTS settings")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--max-depth", type=int, default=4)
@@ -125,7 +130,9 @@ def main() -> None:
     suites = args.suite or ["arithmetic", "units", "shop", "chains"]
     if args.quick:
         args.model, args.tasks, args.budget, args.sims, suites = "tiny", 2, 60, 4, suites[:1]
-    methods = ["greedy", "best_of_n"] + [f"mcts-{v}" for v in args.values.split(",") if v]
+    leaves = [int(x) for x in args.leaves.split(",") if x]
+    methods = [] if args.no_baselines else ["greedy", "best_of_n"]
+    methods += [f"mcts-{v}" + (f"@L{n}" if n != 1 else "") for v in args.values.split(",") if v for n in leaves]
 
     base = load_config(
         None, seed=args.seed, shard_size=args.tasks, policy__model=args.model, policy__device="cpu",
@@ -156,10 +163,12 @@ def main() -> None:
 
                 env = ToolEnv(sandbox, max_steps=cfg.env.max_steps)
                 for method in methods:
-                    name, _, value = method.partition("-")
+                    name, _, rest = method.partition("-")
+                    value, _, n_leaves = rest.partition("@L")
                     run_cfg = cfg.model_copy(update={
                         "generate": cfg.generate.model_copy(update={"method": name}),
-                        "search": cfg.search.model_copy(update={"value": value or "zero"}),
+                        "search": cfg.search.model_copy(
+                            update={"value": value or "zero", "leaves_per_iteration": int(n_leaves or 1)}),
                     })
                     t0 = time.perf_counter()
                     summary = generate(run_cfg, tasks=tasks, store=store, policy=policy, env=env, progress=False)
@@ -187,6 +196,8 @@ def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
                 low, high = bootstrap(rows, column, args.seed)
                 cells.append(f"{rate(rows, column):>6.0f} [{low:>5.0f}, {high:>5.0f}]".rjust(22))
             print(f"{suite:<10} {method:<13} {r['tokens']:>7} {sum(x[2] for x in rows):>3}/{len(rows):<3} " + " ".join(cells))
+    if "best_of_n" not in methods:
+        return
     print()
     print("MCTS / best-of-N at equal tokens (paired bootstrap over tasks, 95%):")
     for suite, by_method in results.items():
