@@ -53,7 +53,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 # then the vllm backend on a real vLLM engine in its own environment.
 test: $(STAMP) lint
 	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=15 $(PYTEST_ARGS)
 	$(MAKE) test-vllm
 
 test-vllm: $(VLLM_STAMP)
