@@ -67,6 +67,10 @@ def get_table_of_considered_visits(
 
     Cached per device: the root rule asks for it at every selection. Do not modify it.
     """
+    if torch.compiler.is_compiling():
+        # A constant of the compiled graph; dynamo would trace through the caches anyway (and warn).
+        table = _table.__wrapped__(max_num_considered_actions, num_simulations)
+        return torch.tensor(table, dtype=torch.int64, device=device)
     return _table_tensor(max_num_considered_actions, num_simulations, str(torch.device(device)))
 
 
