@@ -22,19 +22,12 @@ import time
 import torch
 
 import mcts
-from mcts.synthetic import _CORRECT_BIT, _DEPTH_SHIFT, _HASH_MASK, _MUL, _UNIT_BITS, SyntheticEnv
+from mcts.synthetic import _CORRECT_BIT, _DEPTH_SHIFT, _HASH_MASK, _UNIT_BITS, SyntheticEnv, _mix
 
 PB_C_INIT, PB_C_BASE = 1.25, 19652.0
 # On CPU the process's CPU time is the clock: the host is shared, and wall time there measures
 # other people's jobs. On CUDA, wall time (the GPU works while the process waits).
 CLOCK = time.process_time
-
-
-def _mix(x: int) -> int:
-    x &= _HASH_MASK
-    x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
-    x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
-    return x ^ (x >> 16)
 
 
 def _unit(h: int, salt: int) -> float:
@@ -222,17 +215,11 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
     jax.config.update("jax_enable_x64", True)
     k = env.num_actions
 
-    def mix(x):
-        x = x & _HASH_MASK
-        x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
-        x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
-        return x ^ (x >> 16)
-
     def unit(h, salt):
-        return (mix(h + salt) & ((1 << _UNIT_BITS) - 1)).astype(jnp.float32) * 2.0**-_UNIT_BITS
+        return (_mix(h + salt) & ((1 << _UNIT_BITS) - 1)).astype(jnp.float32) * 2.0**-_UNIT_BITS
 
     def correct_action(depth):
-        return mix(depth + 1000 * (env.seed + 1)) % k
+        return _mix(depth + 1000 * (env.seed + 1)) % k
 
     def node_outputs(handle):
         depth = handle >> _DEPTH_SHIFT
@@ -248,7 +235,7 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
         del params, rng_key
         depth = (parent >> _DEPTH_SHIFT) + 1
         on_path = ((parent & _CORRECT_BIT) != 0) & (action == correct_action(depth - 1))
-        h = mix((parent & _HASH_MASK) * (k + 1) + action + 1)
+        h = _mix((parent & _HASH_MASK) * (k + 1) + action + 1)
         handle = (depth << _DEPTH_SHIFT) | (on_path * _CORRECT_BIT) | h
         logits, value = node_outputs(handle)
         terminal = depth >= env.depth
@@ -261,7 +248,7 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
         return out, handle
 
     ids = jnp.arange(b, dtype=jnp.int64)
-    handle = mix(ids + 7 * (env.seed + 1)) | _CORRECT_BIT
+    handle = _mix(ids + 7 * (env.seed + 1)) | _CORRECT_BIT
     logits, value = node_outputs(handle)
     root = mctx.RootFnOutput(prior_logits=logits, value=value.astype(jnp.float32), embedding=handle)
     if gumbel:

@@ -15,7 +15,6 @@ import torch
 
 import mcts
 import mcts.action_selection as rules
-from mcts.runners import Compiled
 from mcts.synthetic import SyntheticEnv
 
 SHIPPED = rules.puct_scores
@@ -35,9 +34,7 @@ def main() -> None:
     eager_expand = lambda p, a, v: env.expand(p, a, v)  # noqa: E731 -- not graph-safe: runs between graphs
     for scores_name, scores in [("PUCT as shipped", SHIPPED), ("PUCT without exp/log", exact_scores)]:
         rules.puct_scores = scores
-        for expand_name, expand, inside in [("expand compiled in the graph", env.expand, True),
-                                            ("expand eager", eager_expand, False)]:
-            Compiled.compile_expand = inside  # True (the default): whole iterations in the graph
+        for expand_name, expand in [("expand compiled in the graph", env.expand), ("expand eager", eager_expand)]:
             for b in (1, 64):
                 trees = [
                     mcts.muzero_policy(env.root(b), expand, num_simulations=64, dirichlet_fraction=0.0, graphs=True,
@@ -48,7 +45,6 @@ def main() -> None:
                            for i in range(b))
                 print(f"{scores_name:22s} {expand_name:30s} B={b:3d}: {same}/{b} trees equal to the eager loop's")
     rules.puct_scores = SHIPPED
-    Compiled.compile_expand = True
     root = env.root(64)
     parents = root.handle.unsqueeze(-1).expand(64, 8).contiguous()
     actions = torch.arange(8).expand(64, 8).contiguous()

@@ -61,8 +61,8 @@ class CudaGraphs:
 
 class Compiled:
     """Runs `fn(steps, generator)` compiled by torch.compile (inductor) on CPU: a selection walk,
-    a backup or whole iterations (with a graph-safe expand function) become a few fused C++ loops instead of hundreds of ATen calls, each paying
-    Python and dispatch overhead. Same contract for `fn` as CudaGraphs (fixed tensors, no
+    a backup or whole iterations (with a graph-safe expand function) become a few fused C++
+    loops instead of hundreds of ATen calls, each paying Python and dispatch overhead. Same contract for `fn` as CudaGraphs (fixed tensors, no
     data-dependent shapes, nothing asked of the data from Python).
 
     Compiled code cannot call a torch.Generator, so the rules draw their tie-break noise from a
@@ -77,10 +77,6 @@ class Compiled:
     # limit (8 by default) dynamo would run eagerly, which rounds differently and so changes
     # the trees: allow more, and fail loudly instead of falling back.
     RECOMPILE_LIMIT = 256
-    # A `graph_safe` expand function is compiled into the graph with the selection and backup
-    # (whole iterations, as CUDA graphs record them); False keeps it eager between them, which
-    # benchmarks/probe_mcts_compiled.py compares.
-    compile_expand = True
     # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
     compiler = staticmethod(functools.partial(torch.compile, dynamic=False, options={"cpp_wrapper": True}))
     # (signature, name, fn's code, steps) -> noise values one call takes, for the whole process.

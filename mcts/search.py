@@ -748,11 +748,7 @@ def _search_static(
 
     run = replay or (lambda name, fn, steps: fn(steps, generator))
     deepest = int(tree.depth.max())
-    # Compiled.compile_expand False keeps a graph-safe expand function out of the compiled
-    # graph (benchmarks/probe_mcts_compiled.py compares both forms).
-    compiling_expand = not isinstance(replay, Compiled) or replay.compile_expand
-    whole = widen_fn is None and getattr(expand_fn, "graph_safe", False) and compiling_expand
-    if whole:
+    if widen_fn is None and getattr(expand_fn, "graph_safe", False):
         # The expand function is capturable too: whole iterations are one graph, and the host
         # reads three numbers per replay (all done, deepest node, NaN seen).
         nan = torch.zeros(2, dtype=torch.bool, device=tree.device)

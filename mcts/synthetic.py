@@ -24,7 +24,9 @@ _UNIT_BITS = 20
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer hash (xorshift-multiply, a bijection on 32 bits) whose products never
     overflow int64. Compiled C++ treats signed overflow as undefined and gcc -O3 then computes
-    other values than eager torch's wraparound, so a wrapping hash changes once compiled."""
+    other values than eager torch's wraparound, so a wrapping hash changes once compiled.
+    Only `&`, `^`, `>>` and `*`: Python ints and int64 arrays of other libraries (the
+    benchmark's plain-Python and JAX copies of this environment) hash the same."""
     x = x & _HASH_MASK
     x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
     x = ((x ^ (x >> 16)) * _MUL) & _HASH_MASK
