@@ -128,9 +128,11 @@ class DeriveConfig(Section):
     replay_low: float = Field(0.0, ge=0, le=1, description="GRPO replay: p_success above this")
     replay_high: float = Field(1.0, ge=0, le=1, description="GRPO replay: p_success below this")
     balance_by: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*$",
         description="the pipeline's exports: oversample rows so every value of this task metadata field "
-        "(e.g. level) has as many as the most frequent one; None: the rows as derived")
+        "(e.g. level) has as many as the most frequent one; comma-separated keys balance every combination, "
+        "and the key 'decision' (pairs only) is what the chosen reply does against the rejected one "
+        "(call>answer, answer>call, ...); None: the rows as derived")
     balance_kinds: list[Literal["pairs", "sft", "replay"]] = Field(
         default_factory=lambda: ["pairs", "sft", "replay"],
         description="which exports balance_by applies to; the others keep the rows as derived (oversampling "

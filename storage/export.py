@@ -19,7 +19,12 @@ a hidden `.<name>.*.tmp` entry, which `datasets` and the trainers skip.
 
 Balancing (`balance_by`, e.g. "level"): after dedup, every value of that field of the rows' tasks
 (`metadata.<field>` of the stored task) is oversampled, rows repeated in order, to the row count of
-the largest value, so one kind of task does not set the mix a trainer sees.
+the largest value, so one kind of task does not set the mix a trainer sees. Several keys,
+comma-separated ("level,decision"), balance every combination of their values. The key
+`decision` is a property of a pair, not of its task: what the chosen side's first reply does
+against the rejected side's, `call>answer`, `answer>call`, `call>call` or `answer>answer` (a reply
+with a tool call, parsed or not, is a call). It keeps DPO from learning only the direction most
+pairs lean to (answer after a tool result, or call again); other exports leave it out.
 
 The lineage record (source table versions, filters, dedup and balance settings and counts)
 rebuilds the same rows through Delta time travel: `reexport(store, out, new_out)`.
@@ -240,6 +245,36 @@ def task_field(store: Store, task_ids: pl.Series, name: str, version: int | None
     return joined[name]
 
 
+DECISION = "decision"
+
+
+def balance_keys(balance_by: str, kind: str) -> list[str]:
+    """The keys of a `balance_by` setting ("level" or "level,decision") that apply to `kind`:
+    `decision` only to pairs. ValueError for an empty or malformed key."""
+    keys = [k.strip() for k in balance_by.split(",")]
+    for key in keys:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"balance_by must name task metadata fields (letters, digits, _) or "
+                             f"{DECISION!r}, comma-separated; not {balance_by!r}")
+    return [k for k in keys if k != DECISION or kind == "pairs"]
+
+
+def _reply_kind(messages_json: str | None) -> str:
+    """"call" when the first assistant message holds a tool call (structured, or `<tool_call>`
+    markup that did not parse), else "answer"."""
+    for message in json.loads(messages_json or "[]"):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            calls = message.get("tool_calls") or []
+            return "call" if calls or "<tool_call>" in (message.get("content") or "") else "answer"
+    return "answer"
+
+
+def pair_decision(chosen_json: pl.Series, rejected_json: pl.Series) -> pl.Series:
+    """Per pair, what the chosen side does against the rejected one: "call>answer", ..."""
+    return pl.Series(DECISION, [f"{_reply_kind(c)}>{_reply_kind(r)}"
+                                for c, r in zip(chosen_json.to_list(), rejected_json.to_list())], dtype=pl.String)
+
+
 def oversample(rows: pl.DataFrame, column: str) -> tuple[pl.DataFrame, dict[str, int]]:
     """Rows of each value of `column` repeated in order (whole copies, then the first rows) up to
     the row count of the most frequent value; returns them grouped by value in first-seen order,
@@ -293,10 +328,13 @@ def export_frame(
     source = store.committed(spec.table, used[spec.table], marker_versions=markers)
     source = filters.apply(source, spec.name).collect()
     rows = build_rows(spec.name, source, include_logprobs=include_logprobs)
-    if balance_by is not None:
-        if "tasks" not in used and store.has_table("tasks"):
-            used["tasks"] = versions.get("tasks", store.version("tasks"))
-        rows = rows.with_columns(task_field(store, source["task_id"], balance_by, used.get("tasks")).alias("_balance"))
+    keys = balance_keys(balance_by, spec.name) if balance_by is not None else []
+    if any(k != DECISION for k in keys) and "tasks" not in used and store.has_table("tasks"):
+        used["tasks"] = versions.get("tasks", store.version("tasks"))
+    if keys:
+        values = [pair_decision(source["chosen_json"], source["rejected_json"]) if k == DECISION
+                  else task_field(store, source["task_id"], k, used.get("tasks")) for k in keys]
+        rows = rows.with_columns(pl.concat_str([v.fill_null("null") for v in values], separator="|").alias("_balance"))
     helper = [c for c in rows.columns if c.startswith("_")]
     rows, report = dedup_frame(
         rows,
@@ -308,7 +346,7 @@ def export_frame(
         embedder=embedder,
     )
     groups: dict[str, int] = {}
-    if balance_by is not None:
+    if keys:
         rows, groups = oversample(rows, "_balance")
     return rows.drop(helper), report, used, groups
 

@@ -260,9 +260,46 @@ def test_balance_by_oversamples_each_task_level_to_the_largest(tmp_path):
     assert export(store, "pairs", tmp_path / "plain.parquet").rows == 7  # off by default
     with pytest.raises(ValueError, match="no task of these rows has metadata.levle"):
         export(store, "pairs", tmp_path / "x.parquet", balance_by="levle")
-    with pytest.raises(ValueError, match="must name a task metadata field"):
+    with pytest.raises(ValueError, match="must name task metadata fields"):
         export(store, "pairs", tmp_path / "x.parquet", balance_by="level') or true")
+    with pytest.raises(ValueError, match="not 'level,'"):
+        export(store, "pairs", tmp_path / "x.parquet", balance_by="level,")
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_balance_by_level_and_decision_evens_out_what_the_pairs_prefer(tmp_path):
+    """Pairs of two levels whose chosen side answers or calls again: balancing by level alone
+    keeps each level's lean; by level and decision every (level, direction) cell gets as many
+    rows as the largest. SFT rows leave `decision` out (it is a property of pairs)."""
+    store = Store(tmp_path / "store")
+    store.append("tasks", [{"task_id": f"t{i}", "task_json": json.dumps({"id": f"t{i}", "metadata": {"level": i}})}
+                           for i in (1, 2)], run_id="r", shard_id="0")
+    answer = json.dumps([{"role": "assistant", "content": "42"}])
+    call = json.dumps([stored_call(7)])
+    broken = json.dumps([{"role": "assistant", "content": '<tool_call>{"name": "add", "arguments": {'}])
+    # level 1: three "answer over call", one "call over answer"; level 2: one "answer over a malformed call"
+    sides = [("t1", answer, call), ("t1", answer, call), ("t1", answer, call), ("t1", call, answer), ("t2", answer, broken)]
+    rows = [{**pair_rows()[0], "pair_id": f"p{i}", "task_id": task, "chosen_json": chosen,
+             "rejected_json": rejected, "prompt_json": json.dumps([{"role": "user", "content": f"q{i}"}])}
+            for i, (task, chosen, rejected) in enumerate(sides)]
+    store.append("pairs", rows, run_id="r", shard_id="0")
+    by_level = export(store, "pairs", tmp_path / "a.parquet", balance_by="level")
+    assert by_level.balance["rows_before"] == {"1": 4, "2": 1} and by_level.rows == 8
+    both = export(store, "pairs", tmp_path / "b.parquet", balance_by="level,decision")
+    assert both.balance == {"by": "level,decision",
+                            "rows_before": {"1|answer>call": 3, "1|call>answer": 1, "2|answer>call": 1}}
+    assert both.rows == 9
+    written = pl.read_parquet(tmp_path / "b.parquet")
+    firsts = [("call" if r[0]["tool_calls"] else "answer") for r in written["chosen"].to_list()]
+    assert firsts.count("call") == 3 and firsts.count("answer") == 6
+    assert reexport(store, tmp_path / "b.parquet", tmp_path / "c.parquet").balance == both.balance
+    only = export(store, "pairs", tmp_path / "d.parquet", balance_by="decision")
+    assert only.balance["rows_before"] == {"answer>call": 4, "call>answer": 1} and only.rows == 8
+    assert "tasks" not in only.source_versions  # decision alone needs no task metadata
+    sft = _sft_rows(3).with_columns(task_id=pl.Series(["t1", "t1", "t2"]))
+    store.append("sft", sft.to_dicts(), run_id="r", shard_id="0")
+    balanced = export(store, "sft", tmp_path / "sft.parquet", balance_by="level,decision")
+    assert balanced.balance["rows_before"] == {"1": 2, "2": 1} and balanced.rows == 4
 
 
 def test_bad_rows_missing_tables_and_paths_are_named(tmp_path):
