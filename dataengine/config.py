@@ -131,8 +131,8 @@ class DeriveConfig(Section):
         None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*$",
         description="the pipeline's exports: oversample rows so every value of this task metadata field "
         "(e.g. level) has as many as the most frequent one; comma-separated keys balance every combination, "
-        "and the key 'decision' (pairs only) is what the chosen reply does against the rejected one "
-        "(call>answer, answer>call, ...); None: the rows as derived")
+        "and the pair keys (pairs only) are 'decision', what the chosen reply does against the rejected one "
+        "(call>answer, answer>call, ...), and 'depth', the tool results in the prompt; None: the rows as derived")
     balance_kinds: list[Literal["pairs", "sft", "replay"]] = Field(
         default_factory=lambda: ["pairs", "sft", "replay"],
         description="which exports balance_by applies to; the others keep the rows as derived (oversampling "

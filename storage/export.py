@@ -20,11 +20,12 @@ a hidden `.<name>.*.tmp` entry, which `datasets` and the trainers skip.
 Balancing (`balance_by`, e.g. "level"): after dedup, every value of that field of the rows' tasks
 (`metadata.<field>` of the stored task) is oversampled, rows repeated in order, to the row count of
 the largest value, so one kind of task does not set the mix a trainer sees. Several keys,
-comma-separated ("level,decision"), balance every combination of their values. The key
-`decision` is a property of a pair, not of its task: what the chosen side's first reply does
-against the rejected side's, `call>answer`, `answer>call`, `call>call` or `answer>answer` (a reply
-with a tool call, parsed or not, is a call). It keeps DPO from learning only the direction most
-pairs lean to (answer after a tool result, or call again); other exports leave it out.
+comma-separated ("level,decision"), balance every combination of their values. Two keys are
+properties of a pair, not of its task, and other exports leave them out: `decision`, what the
+chosen side's first reply does against the rejected side's (`call>answer`, `answer>call`,
+`call>call` or `answer>answer`; a reply with a tool call, parsed or not, is a call), which keeps
+DPO from learning only the direction most pairs lean to (answer after a tool result, or call
+again); and `depth`, the tool results in the shared prompt (how far into the episode the choice is).
 
 The lineage record (source table versions, filters, dedup and balance settings and counts)
 rebuilds the same rows through Delta time travel: `reexport(store, out, new_out)`.
@@ -245,18 +246,15 @@ def task_field(store: Store, task_ids: pl.Series, name: str, version: int | None
     return joined[name]
 
 
-DECISION = "decision"
-
-
 def balance_keys(balance_by: str, kind: str) -> list[str]:
     """The keys of a `balance_by` setting ("level" or "level,decision") that apply to `kind`:
-    `decision` only to pairs. ValueError for an empty or malformed key."""
+    the pair keys (PAIR_KEYS) only to pairs. ValueError for an empty or malformed key."""
     keys = [k.strip() for k in balance_by.split(",")]
     for key in keys:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ValueError(f"balance_by must name task metadata fields (letters, digits, _) or "
-                             f"{DECISION!r}, comma-separated; not {balance_by!r}")
-    return [k for k in keys if k != DECISION or kind == "pairs"]
+            raise ValueError(f"balance_by must name task metadata fields (letters, digits, _) or pair keys "
+                             f"({', '.join(PAIR_KEYS)}), comma-separated; not {balance_by!r}")
+    return [k for k in keys if k not in PAIR_KEYS or kind == "pairs"]
 
 
 def _reply_kind(messages_json: str | None) -> str:
@@ -269,10 +267,22 @@ def _reply_kind(messages_json: str | None) -> str:
     return "answer"
 
 
-def pair_decision(chosen_json: pl.Series, rejected_json: pl.Series) -> pl.Series:
+def pair_decision(source: pl.DataFrame) -> pl.Series:
     """Per pair, what the chosen side does against the rejected one: "call>answer", ..."""
-    return pl.Series(DECISION, [f"{_reply_kind(c)}>{_reply_kind(r)}"
-                                for c, r in zip(chosen_json.to_list(), rejected_json.to_list())], dtype=pl.String)
+    sides = zip(source["chosen_json"].to_list(), source["rejected_json"].to_list())
+    return pl.Series("decision", [f"{_reply_kind(c)}>{_reply_kind(r)}" for c, r in sides], dtype=pl.String)
+
+
+def pair_depth(source: pl.DataFrame) -> pl.Series:
+    """Per pair, the tool results in its prompt, as text."""
+    def depth(prompt: str | None) -> str:
+        return str(sum(isinstance(m, dict) and m.get("role") == "tool" for m in json.loads(prompt or "[]")))
+
+    return pl.Series("depth", [depth(p) for p in source["prompt_json"].to_list()], dtype=pl.String)
+
+
+# balance_by keys computed from the pair rows themselves (not task metadata); pairs only.
+PAIR_KEYS: dict[str, Callable[[pl.DataFrame], pl.Series]] = {"decision": pair_decision, "depth": pair_depth}
 
 
 def oversample(rows: pl.DataFrame, column: str) -> tuple[pl.DataFrame, dict[str, int]]:
@@ -329,11 +339,11 @@ def export_frame(
     source = filters.apply(source, spec.name).collect()
     rows = build_rows(spec.name, source, include_logprobs=include_logprobs)
     keys = balance_keys(balance_by, spec.name) if balance_by is not None else []
-    if any(k != DECISION for k in keys) and "tasks" not in used and store.has_table("tasks"):
+    if any(k not in PAIR_KEYS for k in keys) and "tasks" not in used and store.has_table("tasks"):
         used["tasks"] = versions.get("tasks", store.version("tasks"))
     if keys:
-        values = [pair_decision(source["chosen_json"], source["rejected_json"]) if k == DECISION
-                  else task_field(store, source["task_id"], k, used.get("tasks")) for k in keys]
+        values = [PAIR_KEYS[k](source) if k in PAIR_KEYS else task_field(store, source["task_id"], k, used.get("tasks"))
+                  for k in keys]
         rows = rows.with_columns(pl.concat_str([v.fill_null("null") for v in values], separator="|").alias("_balance"))
     helper = [c for c in rows.columns if c.startswith("_")]
     rows, report = dedup_frame(

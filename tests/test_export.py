@@ -296,9 +296,14 @@ def test_balance_by_level_and_decision_evens_out_what_the_pairs_prefer(tmp_path)
     only = export(store, "pairs", tmp_path / "d.parquet", balance_by="decision")
     assert only.balance["rows_before"] == {"answer>call": 4, "call>answer": 1} and only.rows == 8
     assert "tasks" not in only.source_versions  # decision alone needs no task metadata
+    deep = {**rows[0], "pair_id": "deep", "prompt_json": json.dumps(
+        [{"role": "user", "content": "q"}, stored_call(1), {"role": "tool", "name": "add", "content": "18"}])}
+    store.append("pairs", [deep], run_id="r", shard_id="1")
+    by_depth = export(store, "pairs", tmp_path / "e.parquet", balance_by="depth,decision")
+    assert by_depth.balance["rows_before"] == {"0|answer>call": 4, "0|call>answer": 1, "1|answer>call": 1}
     sft = _sft_rows(3).with_columns(task_id=pl.Series(["t1", "t1", "t2"]))
     store.append("sft", sft.to_dicts(), run_id="r", shard_id="0")
-    balanced = export(store, "sft", tmp_path / "sft.parquet", balance_by="level,decision")
+    balanced = export(store, "sft", tmp_path / "sft.parquet", balance_by="level,depth,decision")
     assert balanced.balance["rows_before"] == {"1": 2, "2": 1} and balanced.rows == 4
 
 

@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
         near_threshold: Annotated[float, typer.Option("--near-threshold", help="Cosine at which rows are near duplicates.")] = 0.95,
         embedder: Annotated[str, typer.Option("--embedder", help="ngram (no download) or st:<sentence-transformers model>.")] = "ngram",
         include_logprobs: Annotated[bool, typer.Option("--include-logprobs", help="pairs: add ref_chosen_logps/ref_rejected_logps from the behaviour log-probs.")] = False,
-        balance_by: Annotated[str | None, typer.Option("--balance-by", help="Oversample rows so every value of this task metadata field (e.g. level) has as many rows as the most frequent; comma-separate keys to balance their combinations; 'decision' (pairs): what the chosen reply does against the rejected one.")] = None,
+        balance_by: Annotated[str | None, typer.Option("--balance-by", help="Oversample rows so every value of this task metadata field (e.g. level) has as many rows as the most frequent; comma-separate keys to balance their combinations; pairs also take 'decision' (what the chosen reply does against the rejected one) and 'depth' (tool results in the prompt).")] = None,
         record_run_id: Annotated[str | None, typer.Option("--record-run-id", help="Also record the export as this run in the runs table.")] = None,
     ) -> None:
         """Export pairs, sft or replay rows in the dataset format TRL reads, with lineage."""
