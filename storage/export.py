@@ -230,10 +230,8 @@ def build_rows(kind: str, source: pl.DataFrame, *, include_logprobs: bool = Fals
 
 def task_field(store: Store, task_ids: pl.Series, name: str, version: int | None = None) -> pl.Series:
     """`metadata.<name>` of each task in `task_ids` (the stored task JSON; text, null where the
-    task or the field is missing). ValueError for a name that is not a plain identifier, or when
-    no task has the field (a misspelt name would otherwise balance nothing)."""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise ValueError(f"balance_by must name a task metadata field (letters, digits, _), not {name!r}")
+    task or the field is missing). `name` is a plain identifier (balance_keys checks it).
+    ValueError when no task has the field (a misspelt name would otherwise balance nothing)."""
     if not store.has_table("tasks"):
         raise ValueError("balance_by needs the store's tasks table, and the store has none")
     values = (
