@@ -6,7 +6,9 @@ Run ids: `<run>/r0/eval` evaluates the starting model; round r writes its trees 
 (each trainer from the last one's checkpoint), and evaluates the last of them as `<run>/r<r>/eval`.
 Finished stages are kept in `<out>/journal.json` and not run again, and inside a stage work
 already done is skipped (committed shards, checkpoints on disk), so a killed pipeline resumes at
-the stage it reached. A curriculum sets the task levels each round searches.
+the stage it reached. A curriculum sets the task levels each round searches; `round_settings`
+changes engine settings from a given round on (e.g. the search objective or the DPO steps of
+round 2), so a run whose rounds differ is still one command.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from dataengine.config import EngineConfig, Section
 from dataengine.stages.resources import release_policies
@@ -52,7 +54,70 @@ class PipelineConfig(Section):
         description="task levels searched per round, e.g. [[1], [1, 2], [1, 2, 3]] (the last entry repeats; "
                     "empty: engine.levels every round)",
     )
+    round_settings: dict[int, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="engine settings that change from a round on: {2: {'search.objective': 'efficient_success'}} "
+                    "(dotted paths under engine; an entry holds for its round and every later one)",
+    )
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @field_validator("round_settings", mode="before")
+    @classmethod
+    def _dotted(cls, value: Any) -> Any:
+        # A config file may nest them ({2: {search: {objective: ...}}}): one dotted path per leaf.
+        def flat(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for key, leaf in node.items():
+                out.update(flat(leaf, f"{prefix}{key}.") if isinstance(leaf, dict) else {f"{prefix}{key}": leaf})
+            return out
+
+        if isinstance(value, dict):
+            return {r: flat(s) if isinstance(s, dict) else s for r, s in value.items()}
+        return value
+
+    @field_validator("round_settings")
+    @classmethod
+    def _rounds_and_keys(cls, value: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        for r, settings in value.items():
+            if r < 1:
+                raise ValueError(f"round_settings: rounds count from 1, not {r}")
+            fixed = sorted(set(settings) & FIXED_ACROSS_ROUNDS)
+            if fixed:
+                raise ValueError(f"round_settings: {fixed[0]!r} cannot change between rounds (the pipeline sets it)")
+        return value
+
+    @model_validator(mode="after")
+    def _round_settings_validate(self) -> PipelineConfig:
+        for r in self.round_settings:
+            round_engine(self, r)
+        return self
+
+
+# Settings the pipeline itself sets per round (the store it writes, the checkpoint it searches
+# with, the seed it derives from engine.seed), so round_settings may not name them.
+FIXED_ACROSS_ROUNDS = frozenset({"store", "seed", "policy.model", "levels"})
+
+
+def round_engine(config: PipelineConfig, r: int) -> EngineConfig:
+    """The engine settings of round `r`: config.engine with every round_settings entry of
+    rounds 1..r applied in round order (round 0, the base model's evaluation, uses the engine's).
+    ValueError naming the path when one is not an engine setting or its value does not validate."""
+    data = config.engine.model_dump()
+    for start in sorted(k for k in config.round_settings if k <= r):
+        for dotted, value in config.round_settings[start].items():
+            *parents, leaf = dotted.split(".")
+            node = data
+            for part in parents:
+                if not isinstance(node.get(part), dict):
+                    raise ValueError(f"round_settings[{start}]: engine has no setting {dotted!r}")
+                node = node[part]
+            if leaf not in node:
+                raise ValueError(f"round_settings[{start}]: engine has no setting {dotted!r}")
+            node[leaf] = value
+    try:
+        return EngineConfig.model_validate(data)
+    except ValueError as exc:
+        raise ValueError(f"round_settings of rounds <= {r}: {exc}") from None
 
 
 def round_run(run_id: str, r: int) -> str:
@@ -103,7 +168,9 @@ class Journal:
         from dataengine.types import stable_hash
 
         self.path = path
-        self.key = stable_hash(config.model_dump(mode="json", exclude={"runtime", "rounds"}))
+        # An empty round_settings is left out too, so journals written before it existed still match.
+        left_out = {"runtime", "rounds"} | (set() if config.round_settings else {"round_settings"})
+        self.key = stable_hash(config.model_dump(mode="json", exclude=left_out))
         self.done: dict[str, Any] = {}
         self.forked_from: dict[str, Any] | None = None
         if path.is_file():
@@ -223,21 +290,22 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
 
     def evaluate(model: str, r: int) -> dict[str, Any]:
         return journal.run(f"r{r}/evaluate", timed(lambda: evaluate_flow.with_options(task_runner=make_task_runner(rt))(
-            config=with_model(engine, model), run_id=eval_run(config.run_id, r), runtime=rt)))
+            config=with_model(round_engine(config, r), model), run_id=eval_run(config.run_id, r), runtime=rt)))
 
     model = engine.policy.model
     evals = [(0, model, greedy(evaluate(model, 0)["result"]))]
     rounds = []
     for r in range(1, config.rounds + 1):
         run = round_run(config.run_id, r)
-        searched = with_model(engine, model, seed=engine.seed + r - 1).model_copy(update={"levels": round_levels(config, r)})
+        this = round_engine(config, r)
+        searched = with_model(this, model, seed=engine.seed + r - 1).model_copy(update={"levels": round_levels(config, r)})
         gen = journal.run(f"r{r}/generate", timed(lambda: generate_flow.with_options(task_runner=make_task_runner(rt))(
             config=searched, run_id=run, runtime=rt)))
         derived = journal.run(f"r{r}/derive", timed(lambda: derive_flow(
-            store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=engine.derive)))
+            store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=this.derive)))
         exported = journal.run(f"r{r}/export", timed(lambda: export_flow(
-            store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run], balance_by=engine.derive.balance_by,
-            balance_kinds=list(engine.derive.balance_kinds))))["result"]
+            store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run], balance_by=this.derive.balance_by,
+            balance_kinds=list(this.derive.balance_kinds))))["result"]
         checkpoints = []
         # The search policy is reloaded from the new checkpoint anyway; training needs its memory.
         release_policies()
@@ -246,7 +314,7 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
             if not data.get("rows"):
                 get_run_logger().warning("round %d: no %s rows for %s; %s skipped", r, DATASET[kind][1], kind, kind)
                 continue
-            settings = engine.train.for_kind(kind).replace(init=model, out_dir=str(out / "checkpoints" / f"r{r}-{kind}"),
+            settings = this.train.for_kind(kind).replace(init=model, out_dir=str(out / "checkpoints" / f"r{r}-{kind}"),
                                                            run_id=run)
             trained = journal.run(f"r{r}/train-{kind}", timed(lambda: TRAIN_FLOWS[kind](
                 data=data["path"], config=settings, store=store, accelerator_slots=rt.accelerator_slots)))

@@ -60,3 +60,54 @@ def test_unreadable_files(tmp_path):
     r.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(r)
+
+
+def test_round_settings_change_later_rounds_only(tmp_path):
+    """A pipeline round_settings entry holds from its round on; round 0 and earlier rounds keep the engine's."""
+    from dataengine.experiment import experiment_config
+    from flows.pipeline import Journal, round_engine
+
+    cfg = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=3,
+                            overrides={"engine__search__objective": "success",
+                                       "round_settings__2__search.objective": "efficient_success",
+                                       "round_settings__2__train.dpo.max_steps": -1,
+                                       "round_settings__3__derive": {"balance_kinds": ["sft"]}})
+    assert cfg.round_settings[3] == {"derive.balance_kinds": ["sft"]}
+    r1, r2, r3 = (round_engine(cfg, r) for r in (1, 2, 3))
+    assert r1 == cfg.engine and round_engine(cfg, 0) == cfg.engine
+    assert (r2.search.objective, r2.train.dpo.max_steps) == ("efficient_success", -1)
+    assert r3.search.objective == "efficient_success" and r3.derive.balance_kinds == ["sft"]
+    assert r2.derive.balance_kinds == cfg.engine.derive.balance_kinds
+    # Round settings are part of the journal's config: another schedule is another pipeline.
+    Journal(tmp_path / "j.json", cfg).save()
+    plain = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=3,
+                              overrides={"engine__search__objective": "success"})
+    with pytest.raises(ValueError, match="another pipeline config"):
+        Journal(tmp_path / "j.json", plain)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"round_settings__2__search.objectiv": "x"}, "no setting 'search.objectiv'"),
+    ({"round_settings__2__nosuch.objective": "x"}, "no setting 'nosuch.objective'"),
+    ({"round_settings__2__search.objective": "most"}, "search.objective"),
+    ({"round_settings__0__search.objective": "success"}, "rounds count from 1"),
+    ({"round_settings__2__policy.model": "smollm2"}, "'policy.model' cannot change"),
+])
+def test_round_settings_refuse_bad_paths_values_and_rounds(tmp_path, setting, message):
+    from dataengine.experiment import experiment_config
+
+    with pytest.raises(ConfigError, match=message):
+        experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", overrides=setting)
+
+
+def test_round_set_option_parses_round_path_and_yaml_value():
+    import typer
+
+    from dataengine.commands.experiment import _round_settings
+
+    assert _round_settings(["2:engine.search.objective=efficient_success", "2:derive.balance_kinds=[sft]",
+                            "3:train.dpo.max_steps=-1"]) == {
+        2: {"search.objective": "efficient_success", "derive.balance_kinds": ["sft"]}, 3: {"train.dpo.max_steps": -1}}
+    for bad in ("search.objective=x", "two:search.objective=x", "2:search.objective"):
+        with pytest.raises(typer.BadParameter, match="ROUND:engine.dotted.name=value"):
+            _round_settings([bad])

@@ -22,7 +22,9 @@ SIZES = ["--suite", "arithmetic", "--rounds", "1", "--train-tasks", "2", "--held
          "--set", "engine.policy.max_new_tokens=6", "--set", "engine.policy.device=cpu",
          "--set", "engine.eval.max_new_tokens=6", "--set", "engine.eval.search_simulations=2",
          "--set", "engine.eval.search_actions=2", "--set", "engine.env.max_steps=2",
-         "--set", "engine.sandbox.workers=1"]
+         "--set", "engine.sandbox.workers=1",
+         # From round 1 on: the round's search must use it (checked in the store's runs table).
+         "--round-set", "1:search.num_simulations=3"]
 
 
 def test_experiment_resumes_after_kill(tmp_path):
@@ -63,6 +65,11 @@ def test_experiment_resumes_after_kill(tmp_path):
     assert "search, deployable" in text and "oracle bound" in text and "greedy by level" in text
     assert all(r["by_level"] and set(r["by_level"]) <= {"1", "2", "3"} for r in results["rows"])
     assert (out / "success.png").stat().st_size > 0 and (out / "report" / "report.html").is_file()
+    import polars as pl
+
+    searched = Store(out / "store").runs().filter(pl.col("run_id") == "experiment/r1", pl.col("kind") == "generate")
+    configs = [json.loads(c) for c in searched.collect()["config_json"]]
+    assert configs and all(c["search"]["num_simulations"] == 3 for c in configs)
 
 
 def test_journal_refuses_another_config(tmp_path):

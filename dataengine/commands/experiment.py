@@ -23,6 +23,21 @@ def _levels(text: str | None) -> list[list[int]] | None:
         raise typer.BadParameter(f"--curriculum takes levels per round like '1;1,2;1,2,3', got {text!r}") from None
 
 
+def _round_settings(items: list[str] | None) -> dict[int, dict]:
+    """['2:search.objective=efficient_success'] -> {2: {'search.objective': 'efficient_success'}}."""
+    import yaml
+
+    out: dict[int, dict] = {}
+    for item in items or []:
+        r, colon, rest = item.partition(":")
+        key, eq, value = rest.partition("=")
+        if not colon or not eq or not r.strip().isdigit() or not key.strip():
+            raise typer.BadParameter(f"--round-set takes ROUND:engine.dotted.name=value, got {item!r}",
+                                     param_hint="--round-set")
+        out.setdefault(int(r), {})[key.strip().removeprefix("engine.")] = yaml.safe_load(value)
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("experiment")
     def experiment_command(
@@ -37,6 +52,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed", help="Seed of tasks, sampling and search.")] = 0,
         config: Annotated[Path | None, typer.Option("--config", help="PipelineConfig file (YAML/TOML) with the rest; flags override it.")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+        round_set: Annotated[list[str] | None, typer.Option("--round-set", help="An engine setting that changes from a round on, as ROUND:dotted=value, e.g. 2:search.objective=efficient_success (repeat; holds for that round and the later ones).")] = None,
         fork_from: Annotated[Path | None, typer.Option("--fork-from", help="Another experiment's --out: start from its first --fork-rounds finished rounds (store copied, journal stages reused) and run only the later rounds here, under these settings; needs a new run id (--set run_id=NAME).")] = None,
         fork_rounds: Annotated[int, typer.Option("--fork-rounds", min=0, help="Rounds taken from --fork-from.")] = 1,
     ) -> None:
@@ -54,6 +70,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(str(exc), param_hint="--config") from None
             overrides.update(flat)
         overrides.update(dotted_overrides(set_))
+        for r, settings in _round_settings(round_set).items():
+            overrides.update({f"round_settings__{r}__{key}": value for key, value in settings.items()})
         try:
             cfg = experiment_config(out=str(out), suites=list(suite), rounds=rounds, train_tasks=train_tasks,
                                     heldout_tasks=heldout_tasks, model=model, curriculum=_levels(curriculum),
