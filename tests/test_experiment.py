@@ -69,7 +69,7 @@ def test_experiment_resumes_after_kill(tmp_path):
 
     searched = Store(out / "store").runs().filter(pl.col("run_id") == "experiment/r1", pl.col("kind") == "generate")
     configs = [json.loads(c) for c in searched.collect()["config_json"]]
-    assert configs and all(c["search"]["num_simulations"] == 3 for c in configs)
+    assert configs and all(c["engine"]["search"]["num_simulations"] == 3 for c in configs)
 
 
 def test_journal_refuses_another_config(tmp_path):
