@@ -111,3 +111,42 @@ def test_round_set_option_parses_round_path_and_yaml_value():
     for bad in ("search.objective=x", "two:search.objective=x", "2:search.objective"):
         with pytest.raises(typer.BadParameter, match="ROUND:engine.dotted.name=value"):
             _round_settings([bad])
+
+
+# The flags README gives for issue 15's two-round arithmetic experiment (the run that wrote its table).
+EXPERIMENT_SETS = [
+    "engine.search.max_generated_tokens=1000", "engine.search.num_actions=2", "engine.search.num_simulations=64",
+    "engine.search.value=reference", "engine.search.objective=success", "engine.search.widen_arguments=true",
+    "engine.search.pb_c_init=0.5", "engine.search.solved_policy=stop", "engine.shard_size=16",
+    "engine.search.trees_per_batch=16", "engine.policy.temperature=0.7", "engine.policy.max_new_tokens=48",
+    "engine.eval.max_new_tokens=48", "engine.eval.search=false", "engine.train.sft.num_train_epochs=2",
+    "engine.train.sft.max_steps=66", "engine.train.dpo.max_steps=16", "engine.derive.balance_by=level,decision",
+]
+EXPERIMENT_ROUND_SETS = [
+    "2:search.objective=efficient_success", "2:derive.sft_fewest_steps=true", "2:derive.balance_kinds=[sft]",
+    "2:train.dpo.max_steps=-1", "2:train.dpo.loss_type=sigmoid,sft",
+]
+
+
+def test_experiment_config_file_equals_the_readme_flags(tmp_path):
+    """docs/configs/experiment-arithmetic.yaml is the flags' pipeline: same config, same journal key
+    (so either spelling resumes the other's run)."""
+    from pathlib import Path
+
+    from dataengine.commands.experiment import experiment_overrides
+    from dataengine.experiment import experiment_config
+    from flows.pipeline import Journal, round_engine
+
+    common = dict(out=str(tmp_path), suites=["arithmetic"], rounds=2, train_tasks=40, heldout_tasks=100,
+                  model="smollm2", curriculum=[[1, 2]], trainers=["sft", "dpo"])
+    flags = experiment_config(**common, overrides=experiment_overrides(None, EXPERIMENT_SETS, EXPERIMENT_ROUND_SETS))
+    path = Path(__file__).resolve().parents[1] / "docs" / "configs" / "experiment-arithmetic.yaml"
+    from_file = experiment_config(**common, overrides=experiment_overrides(path, None, None))
+    assert from_file == flags
+    assert Journal(tmp_path / "j.json", from_file).key == Journal(tmp_path / "j.json", flags).key
+    r2 = round_engine(from_file, 2)
+    assert (r2.search.objective, r2.train.dpo.loss_type, r2.train.dpo.max_steps) == ("efficient_success", "sigmoid,sft", -1)
+    assert round_engine(from_file, 1).train.dpo.loss_type == "sigmoid"
+    # --set still overrides the file
+    changed = experiment_config(**common, overrides=experiment_overrides(path, ["engine.search.num_simulations=8"], None))
+    assert changed.engine.search.num_simulations == 8

@@ -38,6 +38,22 @@ def _round_settings(items: list[str] | None) -> dict[int, dict]:
     return out
 
 
+def experiment_overrides(config: Path | None, set_: list[str] | None, round_set: list[str] | None) -> dict:
+    """The load_config overrides of --config, then --set, then --round-set (later ones win)."""
+    from dataengine.config import ConfigError, read_mapping
+
+    overrides = {}
+    if config is not None:
+        try:
+            overrides.update(_flatten(read_mapping(config)))
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--config") from None
+    overrides.update(dotted_overrides(set_))
+    for r, settings in _round_settings(round_set).items():
+        overrides.update({f"round_settings__{r}__{key}": value for key, value in settings.items()})
+    return overrides
+
+
 def register(app: typer.Typer) -> None:
     @app.command("experiment")
     def experiment_command(
@@ -58,20 +74,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a self-improvement experiment and write results.md / results.json / success.png
         (and the HTML report) under --out. A killed experiment resumes at the stage it reached."""
-        from dataengine.config import ConfigError, read_mapping
+        from dataengine.config import ConfigError
         from dataengine.experiment import experiment_config, write_results
         from flows.pipeline import run_pipeline
 
-        overrides = {}
-        if config is not None:
-            try:
-                flat = _flatten(read_mapping(config))
-            except ConfigError as exc:
-                raise typer.BadParameter(str(exc), param_hint="--config") from None
-            overrides.update(flat)
-        overrides.update(dotted_overrides(set_))
-        for r, settings in _round_settings(round_set).items():
-            overrides.update({f"round_settings__{r}__{key}": value for key, value in settings.items()})
+        overrides = experiment_overrides(config, set_, round_set)
         try:
             cfg = experiment_config(out=str(out), suites=list(suite), rounds=rounds, train_tasks=train_tasks,
                                     heldout_tasks=heldout_tasks, model=model, curriculum=_levels(curriculum),
