@@ -106,12 +106,10 @@ def round_engine(config: PipelineConfig, r: int) -> EngineConfig:
     for start in sorted(k for k in config.round_settings if k <= r):
         for dotted, value in config.round_settings[start].items():
             *parents, leaf = dotted.split(".")
-            node = data
+            node: Any = data
             for part in parents:
-                if not isinstance(node.get(part), dict):
-                    raise ValueError(f"round_settings[{start}]: engine has no setting {dotted!r}")
-                node = node[part]
-            if leaf not in node:
+                node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or leaf not in node:
                 raise ValueError(f"round_settings[{start}]: engine has no setting {dotted!r}")
             node[leaf] = value
     try:

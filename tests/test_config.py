@@ -89,6 +89,7 @@ def test_round_settings_change_later_rounds_only(tmp_path):
 @pytest.mark.parametrize(("setting", "message"), [
     ({"round_settings__2__search.objectiv": "x"}, "no setting 'search.objectiv'"),
     ({"round_settings__2__nosuch.objective": "x"}, "no setting 'nosuch.objective'"),
+    ({"round_settings__2__search.objective.deeper": "x"}, "no setting 'search.objective.deeper'"),
     ({"round_settings__2__search.objective": "most"}, "search.objective"),
     ({"round_settings__0__search.objective": "success"}, "rounds count from 1"),
     ({"round_settings__2__policy.model": "smollm2"}, "'policy.model' cannot change"),
