@@ -104,7 +104,8 @@ def main() -> None:
     parser.add_argument("--level", type=int, action="append", help="task difficulty level (repeat); default all")
     parser.add_argument("--objective", default="composite", choices=["composite", "success", "efficient_success"],
                         help="MCTS search.objective: what trees back up and rollouts score")
-    parser.add_argument("--widen-arguments", action="store_true", help="MCTS search.widen_arguments (variant rounds)")
+    parser.add_argument("--widen-arguments", nargs="?", const=True, default=False, choices=[True, "schema"],
+                        help="MCTS search.widen_arguments (variant rounds); '--widen-arguments schema' adds the schema edits")
     parser.add_argument("--pb-c-init", type=float, help="PUCT exploration constant c1 (default: the config's)")
     parser.add_argument("--value-model", help="fitted value head for the value_model option")
     parser.add_argument("--leaves", default="1",

@@ -88,11 +88,13 @@ class SearchConfig(Section):
         description="a widening round at a node whose candidates are all replies without a tool call (task with tools) "
         "samples after a forced '<tool_call>' tag, so the search tries acting where the policy only answers",
     )
-    widen_arguments: bool = Field(
+    widen_arguments: bool | Literal["schema"] = Field(
         False,
         description="widening rounds at a node with tool-call candidates alternate with rounds that add argument "
         "variants: the candidate calls with one numeric argument replaced by a number the user or a tool showed, "
-        "or with another offered tool taking the same arguments, scored by the policy, most likely first "
+        "or with another offered tool taking the same arguments, scored by the policy, most likely first; "
+        "'schema' adds edits the tool's schema offers: an enum value the conversation names (or the closest to "
+        "one outside the enum), a missing required argument, two arguments exchanged "
         "(dataengine/search/variants.py)",
     )
     max_actions: int = Field(

@@ -476,6 +476,73 @@ def test_tool_swaps_offer_the_other_tools_that_take_the_same_arguments():
     assert parse_action(call("multiply", 51, 338)).key() in second
 
 
+def units_call(**arguments) -> str:
+    return f'<tool_call>{json.dumps({"name": "convert", "arguments": arguments})}</tool_call>'
+
+
+def test_schema_variants_name_enum_values_fill_missing_arguments_and_exchange_two():
+    """widen_arguments 'schema': enum values the conversation names, the closest ones to a value
+    outside the enum, a required argument the call left out, two arguments exchanged; none of
+    them without the schemas (the numeric rounds stay as they were)."""
+    from dataengine.parsing import parse_action
+    from dataengine.search.variants import argument_variants, context_numbers, context_text, named_values
+
+    task = next(t for t in generate_suite("units", n_train=20, n_heldout=0, seed=0) if "US gallons" in t.messages[-1].content)
+    schemas = {t.name: t.parameters for t in task.tools}
+    msgs = [*task.messages]
+    text, numbers = context_text(msgs), context_numbers(msgs)
+    gold = task.gold.calls[0].arguments
+    value, src, dst = gold["value"], gold["from_unit"], gold["to_unit"]
+    assert src == "us_gallon" and set(named_values(schemas["convert"]["properties"]["to_unit"]["enum"], text)) >= {src, dst}
+
+    def keys(action_text, **kw):
+        return [parse_action(t).key() for t in argument_variants(parse_action(action_text), numbers, **kw)]
+
+    key = parse_action(units_call(value=value, from_unit=src, to_unit=dst)).key()
+    # SmolLM2's commonest miss: no from_unit. The schema fills it with a unit the question names.
+    missing = units_call(value=value, to_unit=dst)
+    assert key not in keys(missing) and key in keys(missing, schemas=schemas, text=text)
+    # A unit outside the enum: the closest enum value ('gallons' -> 'us_gallon').
+    assert key in keys(units_call(value=value, from_unit="gallons", to_unit=dst), schemas=schemas, text=text)
+    # The units in the question's order: one exchange away.
+    swapped = keys(units_call(value=value, from_unit=dst, to_unit=src), schemas=schemas, text=text)
+    assert key in swapped and len(swapped) == len(set(swapped))
+    # A unit the conversation does not name is never offered (no gold read: 'kelvin' is not in the text).
+    assert "kelvin" not in text and all("kelvin" not in k for k in map(str, swapped))
+    # Word starts only: 'gram' is not named by 'kilograms'.
+    assert named_values(["gram", "kilogram"], "3 kilograms") == ["kilogram"]
+    # A missing required number is filled from the context numbers.
+    schema = {"f": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}}
+    filled = argument_variants(parse_action('<tool_call>{"name": "f", "arguments": {}}</tool_call>'), [3, 4],
+                               schemas=schema, text="")
+    assert [parse_action(t).tool_calls[0].arguments for t in filled] == [{"x": 3}, {"x": 4}]
+
+
+def test_schema_variants_solve_the_units_call_the_policy_gets_wrong(env):
+    """The policy always calls convert without from_unit (as SmolLM2 mostly does on units), then
+    answers with the last tool output. Numeric variants cannot mend that call; schema variants
+    add the missing unit and the search solves the task, through a variant edge."""
+    task = next(t for t in generate_suite("units", n_train=20, n_heldout=0, seed=0) if t.metadata.get("level") == 1)
+    gold = task.gold.calls[0].arguments
+
+    def reply(conv, seed, i):
+        if turn(conv) == 0:
+            return units_call(value=gold["value"], to_unit=gold["to_unit"])
+        return conv.messages[-1].content.split()[0]
+
+    def run(mode):
+        policy = ScoringRulePolicy(reply)
+        cfg = config(search__num_simulations=24, search__widen_tool_call=False, search__widen_arguments=mode)
+        return search_batch([task], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+
+    assert not batch_success(run(True))
+    on = run("schema")
+    assert batch_success(on)
+    solved = next(n for n in on.table.nodes if n.success)
+    path = [on.table[h] for h in on.table.path(on.table.nodes.index(solved))]
+    assert any(n.edge is not None and n.edge.variant for n in path)
+
+
 class ScoringRulePolicy(RulePolicy):
     """RulePolicy that also scores: every continuation gets TOKENS tokens of log-prob -1 in all."""
 

@@ -53,7 +53,7 @@ from dataengine.search.nodes import (
     transposition_key,
     widen_cap,
 )
-from dataengine.search.variants import argument_variants, context_numbers, same_signature
+from dataengine.search.variants import argument_variants, context_numbers, context_text, same_signature
 from dataengine.types import Episode, Task, stable_hash
 from dataengine.values import AICritic, RolloutValue, mix_q, reference_progress
 from dataengine.verifiers.composite import CompositeReward
@@ -449,16 +449,20 @@ class LLMExpander:
             keys = {e.action.key() for e in node.edges} | set(node.variant_pool)
             numbers = context_numbers(node.state.messages)
             swaps = same_signature(node.state.task.tools)
+            schemas, text = None, ""
+            if self.search.widen_arguments == "schema":
+                schemas = {t.name: t.parameters or {} for t in node.state.task.tools}
+                text = context_text(node.state.messages)
             for edge in node.edges:
                 source = edge.action.key()
                 if not edge.action.tool_calls or source in node.variant_sources:
                     continue
                 node.variant_sources.add(source)
-                for text in argument_variants(edge.action, numbers, swaps=swaps):
-                    key = parse_action(text).key()
+                for variant in argument_variants(edge.action, numbers, swaps=swaps, schemas=schemas, text=text):
+                    key = parse_action(variant).key()
                     if key not in keys:
                         keys.add(key)
-                        fresh.append((node, key, text))
+                        fresh.append((node, key, variant))
         if fresh:
             scored = self.policy.score([Conversation(n.state.messages, n.state.task.tools) for n, _, _ in fresh], [t for _, _, t in fresh])
             self.counters.scored_variants += len(fresh)
