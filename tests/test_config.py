@@ -1,8 +1,12 @@
 """Configs load from YAML and TOML; errors name the file and the bad field."""
 
+from pathlib import Path
+
 import pytest
 
 from dataengine.config import ConfigError, EngineConfig, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "docs" / "configs"  # the config files docs/ commands use
 
 
 def test_defaults_validate():
@@ -132,8 +136,6 @@ EXPERIMENT_ROUND_SETS = [
 def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     """docs/configs/experiment-arithmetic.yaml is the flags' pipeline: same config, same journal key
     (so either spelling resumes the other's run)."""
-    from pathlib import Path
-
     from dataengine.commands.experiment import experiment_overrides
     from dataengine.experiment import experiment_config
     from flows.pipeline import Journal, round_engine
@@ -141,7 +143,7 @@ def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     common = dict(out=str(tmp_path), suites=["arithmetic"], rounds=2, train_tasks=40, heldout_tasks=100,
                   model="smollm2", curriculum=[[1, 2]], trainers=["sft", "dpo"])
     flags = experiment_config(**common, overrides=experiment_overrides(None, EXPERIMENT_SETS, EXPERIMENT_ROUND_SETS))
-    path = Path(__file__).resolve().parents[1] / "docs" / "configs" / "experiment-arithmetic.yaml"
+    path = CONFIGS / "experiment-arithmetic.yaml"
     from_file = experiment_config(**common, overrides=experiment_overrides(path, None, None))
     assert from_file == flags
     assert Journal(tmp_path / "j.json", from_file).key == Journal(tmp_path / "j.json", flags).key
@@ -151,3 +153,20 @@ def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     # --set still overrides the file
     changed = experiment_config(**common, overrides=experiment_overrides(path, ["engine.search.num_simulations=8"], None))
     assert changed.engine.search.num_simulations == 8
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_every_shipped_config_validates(tmp_path, name):
+    """The config files docs/ commands point at load: those with an `engine` section as pipeline
+    configs through `dataengine experiment --config`, the others as engine configs
+    (`dataengine generate --config`)."""
+    from dataengine.commands.experiment import experiment_overrides
+    from dataengine.config import load_config, read_mapping
+    from dataengine.experiment import experiment_config
+
+    path = CONFIGS / name
+    if "engine" in read_mapping(path):
+        cfg = experiment_config(out=str(tmp_path), suites=["units"], overrides=experiment_overrides(path, None, None))
+        assert cfg.round_settings and cfg.engine.search.num_simulations == 64
+    else:
+        assert load_config(path).search.num_simulations == 64
