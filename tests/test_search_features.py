@@ -489,8 +489,7 @@ def test_schema_variants_name_enum_values_fill_missing_arguments_and_exchange_tw
 
     task = next(t for t in generate_suite("units", n_train=20, n_heldout=0, seed=0) if "US gallons" in t.messages[-1].content)
     schemas = {t.name: t.parameters for t in task.tools}
-    msgs = [*task.messages]
-    text, numbers = context_text(msgs), context_numbers(msgs)
+    text, numbers = context_text(task.messages), context_numbers(task.messages)
     gold = task.gold.calls[0].arguments
     value, src, dst = gold["value"], gold["from_unit"], gold["to_unit"]
     assert src == "us_gallon" and set(named_values(schemas["convert"]["properties"]["to_unit"]["enum"], text)) >= {src, dst}
