@@ -9,3 +9,7 @@ import os
 # to create its database on a busy machine (the 20 s default is short on 2 shared cores).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# Prefect creates only the last level of PREFECT_HOME; with a missing parent its embedded API
+# fails to open its database and the flow waits on it (seen with PREFECT_HOME=./.cache/prefect).
+if os.environ.get("PREFECT_HOME"):
+    os.makedirs(os.path.expanduser(os.environ["PREFECT_HOME"]), exist_ok=True)

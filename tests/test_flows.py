@@ -63,6 +63,19 @@ def test_generate_then_rerun_skips_committed_shards(tmp_path):
     assert rescore_flow(config=tiny_config(tmp_path / "store", num_tasks=6), run_id="g1")["skipped"] == 3
 
 
+def test_importing_flows_creates_a_nested_prefect_home(tmp_path):
+    """Prefect makes only PREFECT_HOME's last level; without its parent the embedded API cannot
+    open its database and a flow waits on it. Importing `flows` creates the whole path."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "a" / "b" / "prefect"
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    subprocess.run([sys.executable, "-c", "import flows"], env=env, check=True, timeout=120)
+    assert home.is_dir()
+
+
 def test_transient_classification():
     from flows.runtime import transient
     from storage import RetryableStoreError
