@@ -289,3 +289,26 @@ def test_derive_reads_real_search_rows(tmp_path):
     for row in pairs.to_dicts():
         assert row["chosen_value"] - row["rejected_value"] == pytest.approx(row["margin"])
         assert json.loads(row["prompt_json"])[0]["role"] == "user"
+
+
+def test_derived_calls_keep_the_argument_order_the_model_wrote():
+    """Stores write messages with sorted keys; training renders `tool_calls`. A call whose text
+    put "value" first must be trained with "value" first (sorted arguments taught SmolLM2 a
+    second, trailing "value" key), and a stored call the text does not match is kept."""
+    from dataengine.derive.common import with_parsed_calls
+    from storage.formats import chat_messages, to_json_text
+
+    text = '<tool_call>{"name": "convert", "arguments": {"value": 4, "from_unit": "foot", "to_unit": "inch"}}</tool_call>'
+    stored = [{"role": "user", "content": "4 feet in inches?"},
+              {"content": text, "role": "assistant",
+               "tool_calls": [{"arguments": {"from_unit": "foot", "to_unit": "inch", "value": 4}, "name": "convert"}]},
+              {"content": "48", "name": "convert", "role": "tool"}]
+    derived = json.loads(with_parsed_calls(json.dumps(stored, sort_keys=True)))
+    call = chat_messages(derived, "row")[1]["tool_calls"][0]["function"]
+    assert to_json_text(call["arguments"]) == '{"value": 4, "from_unit": "foot", "to_unit": "inch"}'
+    # A variant whose stored call differs from its text (not only in order) keeps the stored call.
+    edited = [{**stored[1], "tool_calls": [{"name": "convert", "arguments": {"value": 4, "from_unit": "yard", "to_unit": "inch"}}]}]
+    assert json.loads(with_parsed_calls(json.dumps(edited)))[0]["tool_calls"] == edited[0]["tool_calls"]
+    # Already in the text's order: the same JSON text comes back.
+    same = json.dumps([{**stored[1], "tool_calls": [{"name": "convert", "arguments": {"value": 4, "from_unit": "foot", "to_unit": "inch"}}]}])
+    assert with_parsed_calls(same) == same

@@ -29,18 +29,33 @@ def encode_messages(expr: pl.Expr) -> pl.Expr:
 
 
 def with_parsed_calls(messages_json: str | None) -> str | None:
-    """A stored message list (JSON) whose assistant turns all carry `tool_calls`: turns without
-    the key (cut and re-joined by the Polars expressions here, or one action's raw text) get
-    the calls dataengine.parsing reads in their raw text, so exports can give structured calls."""
+    """A stored message list (JSON) whose assistant turns all carry `tool_calls` in the order
+    their raw text wrote the arguments.
+
+    Turns without the key (cut and re-joined by the Polars expressions here, or one action's raw
+    text) get the calls dataengine.parsing reads in their raw text, so exports can give
+    structured calls. Turns whose stored calls equal the text's up to key order (stores write
+    JSON with sorted keys) take the text's order: training renders `tool_calls`, and sorted
+    arguments taught SmolLM2 a second, trailing `"value"` key after its own leading one (its
+    calls then ran past the token limit)."""
     from dataengine.parsing import parse_action
 
     if messages_json is None:
         return None
     messages = json.loads(messages_json)
-    missing = [m for m in messages if m.get("role") == "assistant" and "tool_calls" not in m]
-    for m in missing:
-        m["tool_calls"] = [c.model_dump(mode="json") for c in parse_action(m.get("content") or "").tool_calls]
-    return json.dumps(messages, ensure_ascii=False) if missing else messages_json
+    changed = False
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        stored = m.get("tool_calls")
+        if stored is not None and "<tool_call>" not in (m.get("content") or ""):
+            continue
+        parsed = [c.model_dump(mode="json") for c in parse_action(m.get("content") or "").tool_calls]
+        # dict equality ignores key order: only the text's order replaces a stored call list.
+        if stored is None or (parsed == stored and json.dumps(parsed) != json.dumps(stored)):
+            m["tool_calls"] = parsed
+            changed = True
+    return json.dumps(messages, ensure_ascii=False) if changed else messages_json
 
 
 def assistant_message_json(text: pl.Expr) -> pl.Expr:

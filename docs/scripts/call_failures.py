@@ -5,6 +5,7 @@ call that ran (then a wrong answer, or the wrong arguments of the right type).
     .venv/bin/dataengine eval --model smollm2 --suite units --tasks 30 --max-new-tokens 48 \\
       --no-search --k 0 --seed 0 --store S
     .venv/bin/python docs/scripts/call_failures.py S
+    .venv/bin/python docs/scripts/call_failures.py runs/exp-units/store --run-id experiment/r1/eval
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import polars as pl  # noqa: E402
 
 from storage import Store  # noqa: E402
 
@@ -35,8 +38,12 @@ def kind(messages: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("store")
+    parser.add_argument("--run-id", help="only this run's episodes (an experiment's store holds every round's)")
     args = parser.parse_args()
-    rows = Store(args.store).trajectories().collect()
+    rows = Store(args.store).trajectories()
+    if args.run_id:
+        rows = rows.filter(pl.col("run_id") == args.run_id)
+    rows = rows.collect()
     counts = Counter("success" if r["success"] else kind(json.loads(r["messages_json"])) for r in rows.iter_rows(named=True))
     for name, n in counts.most_common():
         print(f"{n:4d}  {name}")
