@@ -46,6 +46,22 @@ Listing = Literal["compact", "json"]
 
 
 _TEMPLATE = """\
+{%- macro assistant_turn(message) -%}
+{%- if message.content -%}
+{{- message.content -}}
+{%- endif -%}
+{%- if message.tool_calls and '<tool_call>' not in (message.content or '') -%}
+{%- if message.content -%}
+{{- '\\n' -}}
+{%- endif -%}
+{%- for call in message.tool_calls -%}
+{%- set call = call.function if call.function is defined else call -%}
+{%- set arguments = call.arguments if call.arguments is string else (call.arguments | tojson) -%}
+{{- '<tool_call>{"name": "' + call.name + '", "arguments": ' + arguments + '}</tool_call>' -}}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>' -}}
+{%- endmacro -%}
 {%- set default_system = __SYSTEM__ -%}
 {%- set fewshot = __FEWSHOT__ -%}
 {%- set example_sets = __EXAMPLE_SETS__ -%}
@@ -122,22 +138,13 @@ _TEMPLATE = """\
 {%- for message in rest -%}
 {%- if message.role == 'assistant' -%}
 {{- '<|im_start|>assistant\\n' -}}
+{%- if message.weight is defined and message.weight is not none and message.weight == 0 -%}
+{{- assistant_turn(message) -}}
+{%- else -%}
 {%- generation -%}
-{%- if message.content -%}
-{{- message.content -}}
-{%- endif -%}
-{%- if message.tool_calls and '<tool_call>' not in (message.content or '') -%}
-{%- if message.content -%}
-{{- '\\n' -}}
-{%- endif -%}
-{%- for call in message.tool_calls -%}
-{%- set call = call.function if call.function is defined else call -%}
-{%- set arguments = call.arguments if call.arguments is string else (call.arguments | tojson) -%}
-{{- '<tool_call>{"name": "' + call.name + '", "arguments": ' + arguments + '}</tool_call>' -}}
-{%- endfor -%}
-{%- endif -%}
-{{- '<|im_end|>' -}}
+{{- assistant_turn(message) -}}
 {%- endgeneration -%}
+{%- endif -%}
 {{- '\\n' -}}
 {%- elif message.role == 'tool' -%}
 {{- '<|im_start|>tool\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' -}}

@@ -15,6 +15,10 @@ of tool-aware templates renders:
   "function": {"name": str, "arguments": {...}}}]}: content is the text before the first call
   ("" when there is none); tool_calls only on turns that call tools;
 - {"role": "tool", "name": str, "content": str}.
+In sft rows an assistant turn may carry "weight": 0 (OpenAI's fine-tuning convention): the turn
+stays in the conversation as context and is not trained on (the engine's chat template leaves
+it outside the `{% generation %}` markers that TRL's assistant-only loss reads). Recovery
+examples mark the failed step that way.
 A tool is {"type": "function", "function": {"name", "description", "parameters": JSON schema}}.
 
 In Arrow files a message is a struct with all four fields (null where a turn has none);
@@ -163,6 +167,11 @@ def chat_message(message: Any, where: str) -> dict[str, Any]:
             cut = content.find(CALL_TAG)
             if cut >= 0:
                 out["content"] = content[:cut].strip()
+        weight = message.get("weight")
+        if weight is not None:
+            if weight not in (0, 1) or isinstance(weight, bool):
+                raise DatasetFormatError(f"{where}: weight must be 0 (not trained on) or 1, got {weight!r}")
+            out["weight"] = int(weight)
     elif role == "tool":
         out["name"] = str(message.get("name") or "tool")
     return out
@@ -248,12 +257,14 @@ def decoded_row(row: Mapping[str, Any], kind: str | DatasetKind) -> dict[str, An
 _POLARS_CALLS = pl.List(pl.Struct({"type": pl.String, "function": pl.Struct({"name": pl.String, "arguments": pl.String})}))
 POLARS_MESSAGES = pl.List(pl.Struct({"role": pl.String, "content": pl.String, "name": pl.String, "tool_calls": _POLARS_CALLS}))
 """A message list in a Polars frame (arguments as JSON text)."""
+POLARS_SFT_MESSAGES = pl.List(pl.Struct({**POLARS_MESSAGES.inner.to_schema(), "weight": pl.Int64}))
+"""An sft message list: assistant turns may carry weight 0 (kept as context, not trained on)."""
 
 
 def polars_schema(kind: str | DatasetKind, columns: list[str] | tuple[str, ...] | None = None) -> dict[str, pl.DataType]:
     """Polars dtypes of the kind's columns (or of `columns`, optional ones included)."""
     spec = dataset_kind(kind)
-    types = {c: POLARS_MESSAGES for c in spec.message_columns}
+    types = {c: POLARS_SFT_MESSAGES if spec is SFT else POLARS_MESSAGES for c in spec.message_columns}
     types.update(tools=pl.List(pl.String), task_id=pl.String, task_json=pl.String,
                  **{c: pl.Float64 for c in LOGPROB_COLUMNS})
     return {c: types[c] for c in (columns or spec.columns)}
@@ -266,6 +277,8 @@ def features(kind: str | DatasetKind, columns: list[str] | tuple[str, ...] | Non
     spec = dataset_kind(kind)
     call = {"type": Value("string"), "function": {"name": Value("string"), "arguments": Json()}}
     message = {"role": Value("string"), "content": Value("string"), "name": Value("string"), "tool_calls": List(call)}
+    if spec is SFT:
+        message["weight"] = Value("int64")
     types: dict[str, Any] = {c: List(message) for c in spec.message_columns}
     types.update(tools=List(Json()), task_id=Value("string"), task_json=Value("string"),
                  **{c: Value("float64") for c in LOGPROB_COLUMNS})

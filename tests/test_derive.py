@@ -162,7 +162,9 @@ def test_recovery_splice(frames):
     # T2 fails first at its terminal leaf 5 (skipped); T3 fails first at node 2, recovered through T1.
     assert out["example_id"].to_list() == ["recovery/r1/tr1/2"]
     row = out.row(0, named=True)
-    assert json.loads(row["messages_json"]) == M2 + M4[1:]
+    # The failed step (node 2's MUL call) is context at weight 0; the recovery is trained.
+    failed = [{**M2[1], "weight": 0}, M2[2]]
+    assert json.loads(row["messages_json"]) == M0 + failed + M4[1:]
     assert (row["num_steps"], row["score"], row["kind"]) == (3, 1.0, "recovery")
 
 

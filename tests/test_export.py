@@ -176,6 +176,24 @@ def test_sft_export_has_tool_turns_and_empty_tools(store, tmp_path):
     assert ds[1]["tools"] == []
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_sft_export_keeps_the_weight_of_a_failed_step(tmp_path, fmt):
+    """A recovery row's failed step (weight 0) survives export and loading for training."""
+    from dataengine.train.data import load_training_data
+
+    store = Store(tmp_path / "store")
+    failed = {**stored_call(99), "weight": 0}
+    messages = PROMPT + [failed, {"role": "tool", "name": "add", "content": "116"}, *TOOL_TURNS[len(PROMPT):]]
+    store.append("sft", [{"example_id": "e0", "kind": "recovery", "task_id": "t0", "suite": "arith",
+                          "messages_json": json.dumps(messages), "tools_json": json.dumps(TOOLS), "score": 1.0}],
+                 run_id="r", shard_id="0")
+    out = tmp_path / ("sft.parquet" if fmt == "parquet" else "sft")
+    export(store, "sft", out, format=fmt)
+    rows = load_training_data("sft", out).rows[0]["messages"]
+    assert [m.get("weight") for m in rows if m["role"] == "assistant"] == [0, None, None]
+    assert load_training_data("sft", store=store).rows[0]["messages"] == rows
+
+
 def test_replay_export_is_prompt_only_with_task(store, tmp_path):
     out = tmp_path / "replay.parquet"
     result = export(store, "replay", out, filters=ExportFilters(min_p_success=0.25, max_p_success=0.75))

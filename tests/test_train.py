@@ -261,6 +261,33 @@ def test_sft_labels_cover_assistant_tokens_only(tmp_path):
     assert "<tools>" in masked  # the tool list in the system block is never trained on
 
 
+def test_sft_turns_of_weight_zero_are_context_not_labels(tmp_path):
+    """A recovery example's failed step (weight 0) is shown to the model but not trained on;
+    a row mixing weighted and plain rows trains every other assistant turn as before."""
+    from dataengine.train.sft import SFTTrainConfig, build_sft_trainer
+
+    wrong = {"type": "function", "function": {"name": "add", "arguments": {"a": 17}}}
+    recovery = {"messages": [
+        {"role": "user", "content": "What is 17 plus 25?"},
+        {"role": "assistant", "content": "", "tool_calls": [wrong], "weight": 0},
+        {"role": "tool", "name": "add", "content": "Error: 'b' is a required property"},
+        *SFT_ROW["messages"][1:],
+    ], "tools": [ADD_TOOL]}
+    data = as_training_data("sft", [recovery, SFT_ROW])
+    assert data.rows[0]["messages"][1]["weight"] == 0 and "weight" not in data.rows[1]["messages"][1]
+    config = SFTTrainConfig(init="tiny", out_dir=str(tmp_path / "sft"), max_steps=1)
+    trainer, _model, tokenizer = build_sft_trainer(config, data)
+    for index in (1, 0):  # the plain row, then the recovery row (its labels stay in `labels`)
+        batch = trainer.data_collator([trainer.train_dataset[index]])
+        ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+        trained = tokenizer.decode([i for i, label in zip(ids, labels) if label != -100])
+        assert trained == CALL + "<|im_end|>" + "The answer is 42.<|im_end|>"
+    masked = tokenizer.decode([i for i, label in zip(ids, labels) if label == -100])
+    assert '{"a": 17}}</tool_call><|im_end|>' in masked  # the failed call is in the context
+    with pytest.raises(TrainingDataError, match="weight must be 0"):
+        as_training_data("sft", [{**recovery, "messages": [*recovery["messages"][:1], {**recovery["messages"][1], "weight": 2}]}])
+
+
 # ---- DPO with behaviour log-probs, registration, loading ----------------------------------
 
 

@@ -5,10 +5,13 @@
 - `recovery_examples` (Agent-R): in a search tree, a failed path up to its first bad step
   (the first node from which the tree found no success), then the sibling path that succeeds
   from the bad step's parent: the model sees its own mistake and its observation, then the
-  recovery. One example per (tree, first bad node).
+  recovery; the mistake's turns carry weight 0, so SFT trains only the recovery. One example
+  per (tree, first bad node).
 """
 
 from __future__ import annotations
+
+import json
 
 import polars as pl
 
@@ -96,6 +99,17 @@ def rejection_sft(
     )
 
 
+def _failed_step_as_context(row: dict) -> str:
+    """The spliced messages with the failed step's assistant turns (messages bad_from..bad_to)
+    at weight 0: SFT shows the mistake and its observation as context and trains only the
+    recovery (storage.formats), instead of teaching the mistake too."""
+    messages = json.loads(row["json"])
+    for m in messages[row["bad_from"]:row["bad_to"]]:
+        if m["role"] == "assistant":
+            m["weight"] = 0
+    return json.dumps(messages, ensure_ascii=False)
+
+
 def recovery_examples(
     nodes: pl.LazyFrame,
     trajectories: pl.LazyFrame,
@@ -165,7 +179,9 @@ def recovery_examples(
             messages=pl.concat_list(
                 decode_messages("bad_messages"),
                 decode_messages("good_messages").list.slice(decode_messages("parent_messages").list.len()),
-            )
+            ),
+            bad_from=decode_messages("parent_messages").list.len(),
+            bad_to=decode_messages("bad_messages").list.len(),
         )
         .join(task_info(tasks).select("run_id", "task_id", "tools_json"), on=["run_id", "task_id"], how="left")
     )
@@ -175,7 +191,8 @@ def recovery_examples(
         pl.lit("recovery").alias("kind"),
         "task_id",
         "suite",
-        encode_messages(pl.col("messages")).alias("messages_json"),
+        pl.struct(encode_messages(pl.col("messages")).alias("json"), "bad_from", "bad_to")
+        .map_elements(_failed_step_as_context, return_dtype=pl.String).alias("messages_json"),
         "tools_json",
         pl.col("good_reward").cast(pl.Float64).alias("score"),
         count_assistant(pl.col("messages")).cast(pl.Int64).alias("num_steps"),
