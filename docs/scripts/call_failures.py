@@ -1,5 +1,5 @@
 """Why greedy evaluation episodes fail, by the first tool call (docs/search.md, schema edits):
-success; no call; a call missing a required argument; an argument outside the tool's enum; a
+success; no call; a call cut off at the token limit; a call missing a required argument; an argument outside the tool's enum; a
 call that ran (then a wrong answer, or the wrong arguments of the right type).
 
     .venv/bin/dataengine eval --model smollm2 --suite units --tasks 30 --max-new-tokens 48 \\
@@ -27,7 +27,8 @@ def kind(messages: list[dict]) -> str:
     calls = [c for m in messages if m["role"] == "assistant" for c in (m.get("tool_calls") or [])]
     tools = [m.get("content") or "" for m in messages if m["role"] == "tool"]
     if not calls:
-        return "no call"
+        # A call whose closing tag fell past the token limit parses as no call.
+        return "call cut off (unclosed tag)" if any("unclosed <tool_call>" in t for t in tools) else "no call"
     if "is a required property" in tools[0]:
         return "call missing a required argument"
     if "is not one of" in tools[0]:
