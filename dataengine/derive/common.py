@@ -36,8 +36,8 @@ def with_parsed_calls(messages_json: str | None) -> str | None:
     text) get the calls dataengine.parsing reads in their raw text, so exports can give
     structured calls. Turns whose stored calls equal the text's up to key order (stores write
     JSON with sorted keys) take the text's order: training renders `tool_calls`, and sorted
-    arguments taught SmolLM2 a second, trailing `"value"` key after its own leading one (its
-    calls then ran past the token limit)."""
+    arguments on units were followed by SmolLM2 calls with a second, trailing `"value"` key
+    after its own leading one (which then ran past the token limit)."""
     from dataengine.parsing import parse_action
 
     if messages_json is None:
