@@ -138,7 +138,7 @@ _TEMPLATE = """\
 {%- for message in rest -%}
 {%- if message.role == 'assistant' -%}
 {{- '<|im_start|>assistant\\n' -}}
-{%- if message.weight is defined and message.weight is not none and message.weight == 0 -%}
+{%- if message.weight is defined and message.weight == 0 -%}
 {{- assistant_turn(message) -}}
 {%- else -%}
 {%- generation -%}

@@ -175,13 +175,13 @@ def recovery_examples(
         .sort(["run_id", "tree_id", "bad_id", "good_reward", "good_steps", "good_traj"],
               descending=[False, False, False, True, False, False], nulls_last=True)
         .unique(["run_id", "tree_id", "bad_id"], keep="first", maintain_order=True)
+        .with_columns(bad_from=decode_messages("parent_messages").list.len(),
+                      bad_to=decode_messages("bad_messages").list.len())
         .with_columns(
             messages=pl.concat_list(
                 decode_messages("bad_messages"),
-                decode_messages("good_messages").list.slice(decode_messages("parent_messages").list.len()),
+                decode_messages("good_messages").list.slice(pl.col("bad_from")),
             ),
-            bad_from=decode_messages("parent_messages").list.len(),
-            bad_to=decode_messages("bad_messages").list.len(),
         )
         .join(task_info(tasks).select("run_id", "task_id", "tools_json"), on=["run_id", "task_id"], how="left")
     )
