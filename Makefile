@@ -19,6 +19,17 @@ export PREFECT_HOME := $(CURDIR)/.cache/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
+# pytest, and once more only when it dies of a signal (status > 128). A SIGSEGV inside
+# pydantic-core's native code (main thread, building a validator or dumping a model, no test of
+# ours at fault) ended 2 of about 10 full runs in Nov 2026; a failing test still fails the target.
+define pytest_or_rerun_on_crash
+	$(BIN)/pytest $(1); rc=$$?; \
+	if [ $$rc -gt 128 ]; then \
+		echo "pytest died of signal $$((rc - 128)) (trace above); running it once more" >&2; \
+		$(BIN)/pytest $(1); rc=$$?; \
+	fi; exit $$rc
+endef
+
 .PHONY: setup setup-vllm test test-all test-vllm test-slow lint demo bench clean
 
 setup: $(STAMP)
@@ -53,7 +64,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 # vllm backend on a real vLLM engine in its own environment.
 test: $(STAMP) lint
 	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/pytest -q --durations=10 -m "not slow" $(PYTEST_ARGS)
+	$(call pytest_or_rerun_on_crash,-q --durations=10 -m "not slow" $(PYTEST_ARGS))
 	$(MAKE) test-vllm
 
 # What CI runs (.ci/run): the default suite, then the slow tests (real SmolLM2 searches and
@@ -68,7 +79,7 @@ lint: $(STAMP)
 
 test-slow: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/pytest -q --durations=15 -m slow $(PYTEST_ARGS)
+	$(call pytest_or_rerun_on_crash,-q --durations=15 -m slow $(PYTEST_ARGS))
 
 demo: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)  # Prefect creates only the last level of its home
