@@ -106,6 +106,9 @@ def main() -> None:
                         help="MCTS search.objective: what trees back up and rollouts score")
     parser.add_argument("--widen-arguments", nargs="?", const=True, default=False, choices=[True, "schema"],
                         help="MCTS search.widen_arguments (variant rounds); '--widen-arguments schema' adds the schema edits")
+    parser.add_argument("--greedy-candidate", default="no", choices=["no", "yes", "both"],
+                        help="MCTS search.greedy_candidate: the first of K candidates is the greedy decode "
+                             "(both: each MCTS option without and with it; with it the method is named +greedy)")
     parser.add_argument("--pb-c-init", type=float, help="PUCT exploration constant c1 (default: the config's)")
     parser.add_argument("--value-model", help="fitted value head for the value_model option")
     parser.add_argument("--leaves", default="1",
@@ -133,7 +136,8 @@ def main() -> None:
         args.model, args.tasks, args.budget, args.sims, suites = "tiny", 2, 60, 4, suites[:1]
     leaves = [int(x) for x in args.leaves.split(",") if x]
     methods = [] if args.no_baselines else ["greedy", "best_of_n"]
-    methods += [f"mcts-{v}" + (f"@L{n}" if n != 1 else "") for v in args.values.split(",") if v for n in leaves]
+    greedy = {"no": [""], "yes": ["+greedy"], "both": ["", "+greedy"]}[args.greedy_candidate]
+    methods += [f"mcts-{v}{g}" + (f"@L{n}" if n != 1 else "") for v in args.values.split(",") if v for g in greedy for n in leaves]
 
     base = load_config(
         None, seed=args.seed, shard_size=args.tasks, policy__model=args.model, policy__device="cpu",
@@ -151,7 +155,8 @@ def main() -> None:
     print(f"model {policy.model_id} loaded in {time.perf_counter() - started:.1f} s; suites {', '.join(suites)}, "
           f"{args.tasks} tasks each, {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, "
           f"solved trees {args.solved}, temperature {args.temperature}, objective {args.objective}, "
-          f"levels {args.level or 'all'}, widen_arguments {args.widen_arguments}", flush=True)
+          f"levels {args.level or 'all'}, widen_arguments {args.widen_arguments}, greedy candidate {args.greedy_candidate}",
+          flush=True)
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
@@ -166,17 +171,19 @@ def main() -> None:
                 for method in methods:
                     name, _, rest = method.partition("-")
                     value, _, n_leaves = rest.partition("@L")
+                    value, greedy_first = value.removesuffix("+greedy"), value.endswith("+greedy")
                     run_cfg = cfg.model_copy(update={
                         "generate": cfg.generate.model_copy(update={"method": name}),
-                        "search": cfg.search.model_copy(
-                            update={"value": value or "zero", "leaves_per_iteration": int(n_leaves or 1)}),
+                        "search": cfg.search.model_copy(update={
+                            "value": value or "zero", "leaves_per_iteration": int(n_leaves or 1),
+                            "greedy_candidate": greedy_first}),
                     })
                     t0 = time.perf_counter()
                     summary = generate(run_cfg, tasks=tasks, store=store, policy=policy, env=env, progress=False)
                     rows = per_task(store, summary.run_id, [t.id for t in tasks], summary.task_tokens)
                     results[suite][method] = {"rows": rows, "seconds": time.perf_counter() - t0,
                                               "tokens": sum(r[3] for r in rows)}
-                    print(f"  {suite:<10} {method:<13} {results[suite][method]['tokens']:>7} tokens "
+                    print(f"  {suite:<10} {method:<21} {results[suite][method]['tokens']:>7} tokens "
                           f"{sum(r[0] for r in rows):>4} successes {sum(r[2] for r in rows):>3}/{len(rows)} solved "
                           f"{results[suite][method]['seconds']:>7.1f} s", flush=True)
             if args.json:  # after each suite, so a stopped run keeps the suites it finished
@@ -187,7 +194,7 @@ def main() -> None:
 def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
     columns = ((0, "succ/Mtok"), (1, "distinct/Mtok"), (2, "solved/Mtok"))
     print()
-    print(f"{'suite':<10} {'method':<13} {'tokens':>7} {'solved':>7} " + " ".join(f"{n + ' [95% CI]':>22}" for _, n in columns))
+    print(f"{'suite':<10} {'method':<21} {'tokens':>7} {'solved':>7} " + " ".join(f"{n + ' [95% CI]':>22}" for _, n in columns))
     for suite, by_method in results.items():
         for method in methods:
             r = by_method[method]
@@ -196,7 +203,7 @@ def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
             for column, _ in columns:
                 low, high = bootstrap(rows, column, args.seed)
                 cells.append(f"{rate(rows, column):>6.0f} [{low:>5.0f}, {high:>5.0f}]".rjust(22))
-            print(f"{suite:<10} {method:<13} {r['tokens']:>7} {sum(x[2] for x in rows):>3}/{len(rows):<3} " + " ".join(cells))
+            print(f"{suite:<10} {method:<21} {r['tokens']:>7} {sum(x[2] for x in rows):>3}/{len(rows):<3} " + " ".join(cells))
     if "best_of_n" not in methods:
         return
     print()
@@ -211,7 +218,7 @@ def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
                 ci = paired_ratio(rows, bon, column, args.seed)
                 shown = f"{rate(rows, column) / b:.2f}x" if b else "n/a (best-of-N found none)"
                 parts.append(f"{name} {shown}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and b else ""))
-            print(f"  {suite:<10} {method:<13} " + "; ".join(parts))
+            print(f"  {suite:<10} {method:<21} " + "; ".join(parts))
 
 
 if __name__ == "__main__":

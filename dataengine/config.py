@@ -103,6 +103,11 @@ class SearchConfig(Section):
     transpositions: bool = Field(
         True, description="a node whose state equals an earlier node of its tree reuses that node's value estimate"
     )
+    greedy_candidate: bool = Field(
+        False,
+        description="the first of a node's K candidates is the policy's greedy continuation (temperature 0), "
+        "the other K - 1 are sampled: every tree holds the greedy path",
+    )
     solved_policy: Literal["stop", "continue"] = Field(
         "continue",
         description="a tree with a verified success: stop (its unspent tokens go to the batch's unsolved trees) or continue",

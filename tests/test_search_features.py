@@ -218,6 +218,66 @@ def batch_success(batch) -> bool:
     return any(n.success for n in batch.table.nodes)
 
 
+# ---------------------------------------------------------------- greedy candidate
+
+
+class GreedyRulePolicy(RulePolicy):
+    """RulePolicy whose greedy decode (temperature 0) is `greedy(conv)`; its samples at any
+    other temperature follow `reply`. temperatures: (temperature, k) of each call."""
+
+    def __init__(self, greedy, reply):
+        super().__init__(reply)
+        self.greedy = greedy
+        self.temperatures: list[tuple[float, int]] = []
+
+    def sample(self, convs, k, *, temperature=1.0, **kwargs):
+        self.temperatures.append((temperature, k))
+        if temperature > 0:
+            return super().sample(convs, k, **kwargs)
+        sampled, self.reply = self.reply, lambda conv, seed, i, prefix: self.greedy(conv)
+        try:
+            return super().sample(convs, k, **kwargs)
+        finally:
+            self.reply = sampled
+
+
+def test_greedy_candidate_puts_the_greedy_decode_first_at_every_expansion(env):
+    """The greedy decode solves the task and the samples never do (they call with wrong numbers):
+    plain sampled candidates find no success; with `greedy_candidate` every expanded node's
+    edge 0 is the greedy continuation (K - 1 sampled beside it, same K tokens charged), the
+    tree solves the task along it, and the node rows name those nodes `greedy`."""
+    task = next(t for t in generate_suite("arithmetic", n_train=20, n_heldout=0, seed=0) if len(t.gold.calls) == 1)
+    calls = task.gold.calls
+
+    def greedy(conv):
+        t = turn(conv)
+        if t < len(calls):
+            return f'<tool_call>{json.dumps({"name": calls[t].name, "arguments": calls[t].arguments})}</tool_call>'
+        return conv.messages[-1].content.split()[0]  # the last tool output, right only after the right call
+
+    def wrong(conv, seed, i):
+        return call(calls[0].name, 1000 + i, 7) if turn(conv) == 0 else "-1"
+
+    def run(on):
+        policy = GreedyRulePolicy(greedy, wrong)
+        cfg = config(search__widening=False, search__num_simulations=12, search__greedy_candidate=on)
+        return policy, search_batch([task], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+
+    policy, off = run(False)
+    assert not batch_success(off) and all(t > 0 for t, _ in policy.temperatures)
+    policy, on = run(True)
+    assert batch_success(on)
+    assert policy.temperatures[:2] == [(0.0, 1), (1.0, 1)]  # greedy, then K - 1 = 1 sampled
+    expanded = [n for n in on.table.nodes if n.edges]
+    assert expanded and all(n.edges[0].greedy and not any(e.greedy for e in n.edges[1:]) for n in expanded)
+    assert on.table.budget.used[0] == TOKENS * 2 * len(expanded)
+    solved = next(n for n in on.table.nodes if n.success)
+    path = [on.table[h] for h in on.table.path(on.table.nodes.index(solved))]
+    assert [n.origin for n in path] == ["root"] + ["greedy"] * (len(path) - 1)
+    nodes, _ = batch_rows(on, "rules@0")
+    assert {r["origin"] for r in nodes} == {"root", "greedy", "expand"}
+
+
 # ---------------------------------------------------------------- transpositions
 
 
@@ -375,7 +435,7 @@ def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
 @pytest.mark.parametrize(
     "field, value",
     [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
-     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success")],
+     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", True)],
 )
 def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
     base = EngineConfig()

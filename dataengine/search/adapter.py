@@ -40,7 +40,7 @@ import mcts
 from dataengine.config import PolicyConfig, SearchConfig
 from dataengine.env import EnvState, ToolEnv
 from dataengine.parsing import OPEN_TAG, parse_action
-from dataengine.policy.base import Conversation, Policy
+from dataengine.policy.base import Conversation, Policy, Sample
 from dataengine.search.budget import TokenBudget
 from dataengine.search.nodes import (
     NodeTable,
@@ -553,16 +553,11 @@ class LLMExpander:
             return
         nodes = [self.table[h] for h in handles]
         convs = [Conversation(n.state.messages, n.state.task.tools) for n in nodes]
-        samples = self.policy.sample(
-            convs,
-            self.num_samples,
-            max_new_tokens=self.sampling.max_new_tokens,
-            temperature=self.sampling.temperature,
-            top_p=self.sampling.top_p,
-            seed=self.seed,
-        )
+        samples = self._candidates(convs)
         for node, row in zip(nodes, samples):
             node.edges = merge_samples(row, prior=self.prior)
+            if self.search.greedy_candidate:  # the greedy sample is first, so its edge is edge 0
+                node.edges[0].greedy = True
             tokens = sum(s.generated_tokens for s in row)
             self.budget.charge(node.tree, tokens)
             self.counters.generated_tokens += tokens
@@ -571,6 +566,19 @@ class LLMExpander:
             for node, scores in zip(nodes, ranked):
                 for edge, score in zip(node.edges, scores.scores):
                     edge.critic_score = score
+
+    def _candidates(self, convs: list[Conversation]) -> list[list[Sample]]:
+        """K candidate samples per conversation; with `search.greedy_candidate` the first is the
+        greedy continuation and K - 1 are sampled. At temperature 0.7 two samples can both miss
+        the call the greedy decode gets right (units, session 25: MCTS missed 3 tasks greedy solved)."""
+        kw = dict(max_new_tokens=self.sampling.max_new_tokens, top_p=self.sampling.top_p, seed=self.seed)
+        if not self.search.greedy_candidate:
+            return self.policy.sample(convs, self.num_samples, temperature=self.sampling.temperature, **kw)
+        greedy = self.policy.sample(convs, 1, temperature=0.0, **kw)
+        if self.num_samples == 1:
+            return greedy
+        sampled = self.policy.sample(convs, self.num_samples - 1, temperature=self.sampling.temperature, **kw)
+        return [g + s for g, s in zip(greedy, sampled)]
 
     def _leaf_values(self, handles: list[int]) -> list[float]:
         """Value of each non-terminal node: the estimator's, mixed with the critic score of the

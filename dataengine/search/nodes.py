@@ -37,6 +37,7 @@ class Edge:
         opening tag, `SearchConfig.widen_tool_call`).
     variant: the edge is an argument variant of another edge (`search.variants`), scored by
         the policy instead of sampled (`SearchConfig.widen_arguments`).
+    greedy: the edge holds the policy's greedy continuation (`SearchConfig.greedy_candidate`).
     """
 
     action: Action
@@ -47,6 +48,7 @@ class Edge:
     round: int = 0
     forced: bool = False
     variant: bool = False
+    greedy: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,14 @@ class SearchNode:
 
     @property
     def origin(self) -> str:
-        """What produced the node: "root", "expand" (an edge of the parent's first K samples),
-        "widen" (an edge a widening round added at the parent), "widen_tool" (one a tool-call
-        widening round added) or "widen_args" (an argument variant a widening round added)."""
+        """What produced the node: "root", "greedy" (the parent's greedy candidate), "expand" (an
+        edge of the parent's first K samples), "widen" (an edge a widening round added at the
+        parent), "widen_tool" (one a tool-call widening round added) or "widen_args" (an
+        argument variant a widening round added)."""
         if self.edge is None:
             return "root"
+        if self.edge.greedy:
+            return "greedy"
         if self.edge.round == 0:
             return "expand"
         if self.edge.variant:
