@@ -118,12 +118,12 @@ def test_round_set_option_parses_round_path_and_yaml_value():
             _round_settings([bad])
 
 
-# The flags README gives for issue 15's two-round arithmetic experiment (the run that wrote its table).
+# docs/configs/experiment-arithmetic.yaml spelled as --set / --round-set flags.
 EXPERIMENT_SETS = [
     "engine.search.max_generated_tokens=1000", "engine.search.num_actions=2", "engine.search.num_simulations=64",
     "engine.search.value=reference", "engine.search.objective=success", "engine.search.widen_arguments=true",
     "engine.search.pb_c_init=0.5", "engine.search.solved_policy=stop", "engine.shard_size=16",
-    "engine.search.trees_per_batch=16", "engine.policy.temperature=0.7", "engine.policy.max_new_tokens=48",
+    "engine.search.trees_per_batch=16", "engine.search.greedy_candidate=true", "engine.policy.temperature=0.7", "engine.policy.max_new_tokens=48",
     "engine.eval.max_new_tokens=48", "engine.eval.search=false", "engine.train.sft.num_train_epochs=2",
     "engine.train.sft.max_steps=66", "engine.train.dpo.max_steps=16", "engine.derive.balance_by=level,decision",
 ]
@@ -141,7 +141,7 @@ def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     from flows.pipeline import Journal, round_engine
 
     common = dict(out=str(tmp_path), suites=["arithmetic"], rounds=2, train_tasks=40, heldout_tasks=100,
-                  model="smollm2", curriculum=[[1, 2]], trainers=["sft", "dpo"])
+                  model="smollm2", trainers=["sft", "dpo"])
     flags = experiment_config(**common, overrides=experiment_overrides(None, EXPERIMENT_SETS, EXPERIMENT_ROUND_SETS))
     path = CONFIGS / "experiment-arithmetic.yaml"
     from_file = experiment_config(**common, overrides=experiment_overrides(path, None, None))
