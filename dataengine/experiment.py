@@ -67,7 +67,8 @@ def results_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                "seconds": {}, "levels": None}] + list(result["rounds"])
     for rnd in rounds:
         gen = rnd["generate"] or {}
-        shards = [s for s in gen.get("shards", []) if not s.get("skipped")]
+        # Every shard of the round's run: those a killed call committed come back skipped, with their counts.
+        shards = gen.get("shards", [])
         derived = {d["kind"]: d["rows"] for d in rnd["derived"]}
         trained = ", ".join(f"{c['kind']} ({c['rows']} rows{'' if c.get('weights_changed', True) else ', no change'})"
                             for c in rnd["checkpoints"]) or "-"
@@ -76,10 +77,10 @@ def results_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "round": rnd["round"],
                 "suite": suite_result["suite"],
                 "levels": rnd.get("levels"),
-                "trees": sum(s["trees"] for s in shards),
-                "successes_found": sum(s["successes"] for s in shards),
-                "solved_found": sum(s["solved"] for s in shards),
-                "generated_tokens": sum(s["generated_tokens"] for s in shards),
+                "trees": sum(s.get("trees", 0) for s in shards),
+                "successes_found": sum(s.get("successes", 0) for s in shards),
+                "solved_found": sum(s.get("solved", 0) for s in shards),
+                "generated_tokens": sum(s.get("generated_tokens", 0) for s in shards),
                 "rows": derived,
                 "trained": trained,
                 "seconds": {k: round(v, 1) for k, v in rnd["seconds"].items()}
@@ -97,10 +98,15 @@ def results_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def results_markdown(rows: list[dict[str, Any]], *, command: str, seconds: float) -> str:
-    """The per-round table, then the per-round search and training details."""
+def results_markdown(rows: list[dict[str, Any]], *, command: str, seconds: float, total_seconds: float | None = None) -> str:
+    """The per-round table, then the per-round search and training details. total_seconds: wall
+    time over every call of a resumed experiment (the journal's)."""
+    wall = f"wall time {seconds / 60:.1f} min"
+    if total_seconds is not None and total_seconds - seconds >= 1:
+        wall += (f" in this call, {total_seconds / 60:.1f} min over every call (a killed call counted to its last "
+                 "finished stage)")
     lines = [
-        f"Command: `{command}`; wall time {seconds / 60:.1f} min.", "",
+        f"Command: `{command}`; {wall}.", "",
         "| round | suite | greedy success [95% CI] | greedy by level | when | which | how | final | search, deployable | "
         "search, oracle-guided | any success in tree (oracle bound) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -158,9 +164,10 @@ def write_results(result: dict[str, Any], out: str | Path, *, command: str) -> d
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = results_rows(result)
-    (out / "results.json").write_text(json.dumps({"command": command, "seconds": result["seconds"], "rows": rows},
-                                                 indent=1, default=str))
-    text = results_markdown(rows, command=command, seconds=result["seconds"])
+    total = result.get("journal_seconds")
+    (out / "results.json").write_text(json.dumps({"command": command, "seconds": result["seconds"],
+                                                  "journal_seconds": total, "rows": rows}, indent=1, default=str))
+    text = results_markdown(rows, command=command, seconds=result["seconds"], total_seconds=total)
     fork = result.get("forked_from")
     if fork:
         text = (f"Rounds 0-{fork['rounds']} are those of the experiment in {fork['out_dir']} (forked: made under its "

@@ -158,7 +158,8 @@ class Journal:
     a killed pipeline resumes at the stage it reached without redoing finished ones. The file
     names the config it belongs to: a changed config is refused, not silently mixed in. The
     number of rounds is left out of that key (round r's stages do not depend on it), so a
-    finished pipeline rerun with more rounds runs only the new ones."""
+    finished pipeline rerun with more rounds runs only the new ones. `seconds`: wall time over
+    every call, each counted up to its last save (a killed call's unfinished stage is not)."""
 
     def __init__(self, path: Path, config: PipelineConfig) -> None:
         import json
@@ -171,6 +172,8 @@ class Journal:
         self.key = stable_hash(config.model_dump(mode="json", exclude=left_out))
         self.done: dict[str, Any] = {}
         self.forked_from: dict[str, Any] | None = None
+        self.started = time.perf_counter()
+        self.seconds_before = 0.0
         if path.is_file():
             saved = json.loads(path.read_text())
             if saved.get("config") != self.key:
@@ -178,6 +181,11 @@ class Journal:
                                  "or delete the journal to start over")
             self.done = saved["stages"]
             self.forked_from = saved.get("forked_from")
+            self.seconds_before = saved.get("seconds", 0.0)
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.started
 
     def run(self, key: str, work: Any) -> Any:
         """The stored result of stage `key`, or `work()`'s, stored once it returns."""
@@ -195,7 +203,7 @@ class Journal:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        saved = {"config": self.key, "stages": self.done}
+        saved = {"config": self.key, "stages": self.done, "seconds": self.seconds}
         if self.forked_from is not None:
             saved["forked_from"] = self.forked_from
         tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
@@ -342,7 +350,7 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
     return {"run_id": config.run_id, "store": store, "out_dir": str(out), "rounds": rounds, "evals": evals,
             "baseline": evaluate(engine.policy.model, 0)["result"], "model": model, "table": table,
             "forked_from": journal.forked_from,
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, "journal_seconds": journal.seconds}
 
 
 def run_pipeline(config: PipelineConfig) -> dict[str, Any]:

@@ -127,6 +127,8 @@ TASKS = TableSpec(
         _c("suite", _S, "Task.suite"),
         _c("split", _S, "train | heldout"),
         _c("task_json", _S, "the whole Task as JSON (rebuilds it with Task.model_validate_json)"),
+        # Added after v1 (compatible: rows written before read these as null).
+        _c("generated_tokens", _I, "generate runs: tokens the search or sampling generated for the task (its budget used; null elsewhere)"),
     ),
 )
 

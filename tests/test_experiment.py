@@ -45,8 +45,10 @@ def test_experiment_resumes_after_kill(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    done = set(json.loads(journal.read_text())["stages"])
+    killed = json.loads(journal.read_text())
+    done = set(killed["stages"])
     assert {"r0/evaluate", "r1/generate"} <= done and "r1/evaluate" not in done
+    assert killed["seconds"] >= killed["stages"]["r0/evaluate"]["seconds"] + killed["stages"]["r1/generate"]["seconds"]
 
     from storage import Store
 
@@ -61,7 +63,10 @@ def test_experiment_resumes_after_kill(tmp_path):
     assert [r["round"] for r in results["rows"]] == [0, 1]
     assert all(r["greedy"] is not None and r["search_deployable"] is not None for r in results["rows"])
     assert results["rows"][1]["trees"] == 2 and "generate" in results["rows"][1]["seconds"]
+    # Wall time: this call's, and every call's (the killed one up to its last finished stage).
+    assert results["journal_seconds"] >= results["seconds"] + killed["seconds"] - 1
     text = (out / "results.md").read_text()
+    assert "min over every call" in text
     assert "search, deployable" in text and "oracle bound" in text and "greedy by level" in text
     assert all(r["by_level"] and set(r["by_level"]) <= {"1", "2", "3"} for r in results["rows"])
     assert (out / "success.png").stat().st_size > 0 and (out / "report" / "report.html").is_file()

@@ -34,10 +34,15 @@ def test_generate_then_rerun_skips_committed_shards(tmp_path):
     store = Store(tmp_path / "store")
     assert store.committed_shards("tasks", "g1") == {"tasks-000000-000001", "tasks-000002-000003"}
     nodes_version = store.version("nodes")
-    # Two more tasks: only the new third shard is searched; the first two are skipped.
+    # Two more tasks: only the new third shard is searched; the first two are skipped, their
+    # counts read back from the store equal to what the first call reported.
     second = run_generate(tiny_config(tmp_path / "store", num_tasks=6), run_id="g1")
-    assert [s["shard_id"] for s in second["shards"]] == ["tasks-000004-000005"]
-    assert second["skipped"] == 2
+    assert [s["shard_id"] for s in second["shards"]] == [s["shard_id"] for s in first["shards"]] + ["tasks-000004-000005"]
+    assert [s["skipped"] for s in second["shards"]] == [True, True, False] and second["skipped"] == 2
+    counted = ("trees", "nodes", "trajectories", "successes", "solved", "generated_tokens")
+    for before, again in zip(first["shards"], second["shards"][:2]):
+        assert {k: again[k] for k in counted} == {k: before[k] for k in counted}
+    assert sum(first["shards"][0]["task_tokens"].values()) == first["shards"][0]["generated_tokens"]
     assert store.version("nodes") == nodes_version + 1
     counts = store.tasks().collect().group_by("shard_id").len()
     assert sorted(counts["len"].to_list()) == [2, 2, 2]

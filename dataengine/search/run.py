@@ -262,8 +262,10 @@ def run_shard(
 
 def write_shard(store: Any, out: ShardOutput, run_id: str) -> None:
     """One transaction per table: nodes, trajectories, then tasks (the commit marker); reads
-    leave the shard's nodes and trajectories out until its tasks rows are committed."""
+    leave the shard's nodes and trajectories out until its tasks rows are committed. The tasks
+    rows carry each task's generated tokens, so a resumed run can count a committed shard's."""
     if out.nodes:
         store.append("nodes", out.nodes, run_id=run_id, shard_id=out.shard_id, marker="tasks")
     store.append("trajectories", out.trajectories, run_id=run_id, shard_id=out.shard_id, marker="tasks")
-    store.append("tasks", out.tasks, run_id=run_id, shard_id=out.shard_id)
+    tasks = [{**row, "generated_tokens": out.task_tokens.get(row["task_id"])} for row in out.tasks]
+    store.append("tasks", tasks, run_id=run_id, shard_id=out.shard_id)

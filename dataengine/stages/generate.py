@@ -324,6 +324,28 @@ def check_no_overlap(store: Any, run_id: str, shard: Shard) -> None:
             "list, or by another process; use another run id (or delete that run) instead of mixing two layouts")
 
 
+def committed_shard(store: Any, run_id: str, shard_id: str) -> ShardResult:
+    """A shard an earlier call committed (skipped=True), its counts read back from the store, so
+    a resumed run's totals include it: trees, nodes, trajectories, successes, solved tasks and
+    generated tokens (0 for shards written before tasks rows carried them); simulations and
+    seconds are not stored and stay 0."""
+    import polars as pl
+
+    def rows(table: str, *columns: str) -> pl.DataFrame:
+        if not store.has_table(table):
+            return pl.DataFrame(schema={c: pl.Utf8 for c in columns})
+        return (store.scan(table).filter((pl.col("run_id") == run_id) & (pl.col("shard_id") == shard_id))
+                .select(columns).collect())
+
+    tasks = rows("tasks", "task_id", "generated_tokens")
+    trajs = rows("trajectories", "task_id", "success")
+    won = trajs.filter(pl.col("success").fill_null(False))
+    tokens = tasks["generated_tokens"].fill_null(0).sum() if tasks.height else 0
+    return ShardResult(shard_id, skipped=True, trees=tasks.height, nodes=rows("nodes", "node_id").height,
+                       trajectories=trajs.height, successes=won.height,
+                       solved_task_ids=sorted(set(won["task_id"].to_list())), generated_tokens=int(tokens))
+
+
 def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
                    on_progress: Callable[[dict[str, int]], None] | None = None) -> ShardResult:
     """Search (or sample) one shard with config.generate's method and commit it; skipped when
@@ -333,7 +355,7 @@ def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
     start = time.perf_counter()
     store, config = resources.store, resources.config
     if shard.shard_id in store.committed_shards("tasks", run_id):
-        return ShardResult(shard.shard_id, skipped=True)
+        return committed_shard(store, run_id, shard.shard_id)
     check_no_overlap(store, run_id, shard)
     g = config.generate
     out = run_shard(shard.shard_id, shard.tasks, method=g.method, policy=resources.policy, env=resources.env,
