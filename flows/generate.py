@@ -34,8 +34,8 @@ def generate_shard(config: EngineConfig, run_id: str, index: int) -> dict[str, A
     """Shard `index` of the config's tasks, searched and committed (or skipped when committed);
     the counts plus model_id and verifier_versions for the run's lineage row, and `node`:
     where it ran (`node_info`: hostname, pid, Ray node id)."""
-    from dataengine.stages.generate import committed_shard, plan_generate
     from dataengine.stages.generate import generate_shard as run_stage
+    from dataengine.stages.generate import plan_generate
     from dataengine.stages.progress import Progress
     from dataengine.stages.resources import open_store, shared_resources
 
@@ -43,10 +43,8 @@ def generate_shard(config: EngineConfig, run_id: str, index: int) -> dict[str, A
     if not 0 <= index < len(plan.shards):
         raise ValueError(f"shard index {index} out of range: the config has {len(plan.shards)} shard(s)")
     shard = plan.shards[index]
-    store = open_store(config.store)
-    if shard.shard_id in store.committed_shards("tasks", run_id):
-        # Committed by an earlier call: its stored counts, so a resumed run's totals include it.
-        return {**committed_shard(store, run_id, shard.shard_id).as_dict(), "node": node_info()}
+    if shard.shard_id in open_store(config.store).committed_shards("tasks", run_id):
+        return {"shard_id": shard.shard_id, "skipped": True, "trees": 0, "node": node_info()}
     with accelerator_slot():
         res = shared_resources(config, plan.toolboxes)
         label = f"{config.generate.method} shard {index}"
@@ -99,7 +97,7 @@ def generate_flow(
     method (schedules): overrides config.generate.method. Returns {run_id, shards: [...],
     skipped, store}: every shard of the run in order, those committed by an earlier call with
     skipped=True and their counts read back from the store (a resumed run's totals are the run's)."""
-    from dataengine.stages.generate import committed_shard, plan_generate, record_generate_run
+    from dataengine.stages.generate import committed_shard_counts, plan_generate, record_generate_run
     from dataengine.stages.resources import open_store
 
     config, runtime = config or EngineConfig(), runtime or RuntimeConfig()
@@ -123,8 +121,9 @@ def generate_flow(
             futures = [shard_task.submit(config, plan.run_id, s.index) for s in todo]
     else:
         futures = [shard_task.submit(config, plan.run_id, s.index) for s in todo]
-    new = {r["shard_id"]: r for r in (f.result() for f in futures)}
-    results = [new.get(s.shard_id) or committed_shard(store, plan.run_id, s.shard_id).as_dict() for s in plan.shards]
+    new = {r["shard_id"]: r for r in (f.result() for f in futures) if not r.get("skipped")}
+    stored = committed_shard_counts(store, plan.run_id) if len(new) < len(plan.shards) else {}
+    results = [new.get(s.shard_id) or stored[s.shard_id].as_dict() for s in plan.shards]
     done = [r for r in results if not r.get("skipped")]
     if done:
         record_generate_run(store, config, plan, model_id=done[0]["model_id"],

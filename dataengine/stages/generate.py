@@ -324,26 +324,31 @@ def check_no_overlap(store: Any, run_id: str, shard: Shard) -> None:
             "list, or by another process; use another run id (or delete that run) instead of mixing two layouts")
 
 
-def committed_shard(store: Any, run_id: str, shard_id: str) -> ShardResult:
-    """A shard an earlier call committed (skipped=True), its counts read back from the store, so
-    a resumed run's totals include it: trees, nodes, trajectories, successes, solved tasks and
-    generated tokens (0 for shards written before tasks rows carried them); simulations and
-    seconds are not stored and stay 0."""
+def committed_shard_counts(store: Any, run_id: str) -> dict[str, ShardResult]:
+    """The committed shards of `run_id` (skipped=True), their counts read back from the store in
+    one pass per table, so a resumed run's totals include what earlier calls wrote: trees, nodes,
+    trajectories, successes, solved tasks and generated tokens (0 for shards written before tasks
+    rows carried them); simulations and seconds are not stored and stay 0."""
     import polars as pl
 
-    def rows(table: str, *columns: str) -> pl.DataFrame:
+    def per_shard(table: str, *aggs: pl.Expr) -> dict[str, dict[str, Any]]:
         if not store.has_table(table):
-            return pl.DataFrame(schema={c: pl.Utf8 for c in columns})
-        return (store.scan(table).filter((pl.col("run_id") == run_id) & (pl.col("shard_id") == shard_id))
-                .select(columns).collect())
+            return {}
+        frame = store.scan(table).filter(pl.col("run_id") == run_id).group_by("shard_id").agg(*aggs).collect()
+        return {row.pop("shard_id"): row for row in frame.iter_rows(named=True)}
 
-    tasks = rows("tasks", "task_id", "generated_tokens")
-    trajs = rows("trajectories", "task_id", "success")
-    won = trajs.filter(pl.col("success").fill_null(False))
-    tokens = tasks["generated_tokens"].fill_null(0).sum() if tasks.height else 0
-    return ShardResult(shard_id, skipped=True, trees=tasks.height, nodes=rows("nodes", "node_id").height,
-                       trajectories=trajs.height, successes=won.height,
-                       solved_task_ids=sorted(set(won["task_id"].to_list())), generated_tokens=int(tokens))
+    won = pl.col("success").fill_null(False)
+    tasks = per_shard("tasks", pl.len().alias("trees"), pl.col("generated_tokens").fill_null(0).sum().alias("tokens"))
+    nodes = per_shard("nodes", pl.len().alias("nodes"))
+    trajs = per_shard("trajectories", pl.len().alias("trajectories"), won.sum().alias("successes"),
+                      pl.col("task_id").filter(won).unique().sort().alias("solved"))
+    out = {}
+    for shard_id, t in tasks.items():
+        tr = trajs.get(shard_id, {})
+        out[shard_id] = ShardResult(shard_id, skipped=True, trees=t["trees"], nodes=nodes.get(shard_id, {}).get("nodes", 0),
+                                    trajectories=tr.get("trajectories", 0), successes=int(tr.get("successes", 0)),
+                                    solved_task_ids=list(tr.get("solved", [])), generated_tokens=int(t["tokens"]))
+    return out
 
 
 def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
@@ -355,7 +360,7 @@ def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
     start = time.perf_counter()
     store, config = resources.store, resources.config
     if shard.shard_id in store.committed_shards("tasks", run_id):
-        return committed_shard(store, run_id, shard.shard_id)
+        return ShardResult(shard.shard_id, skipped=True)
     check_no_overlap(store, run_id, shard)
     g = config.generate
     out = run_shard(shard.shard_id, shard.tasks, method=g.method, policy=resources.policy, env=resources.env,
