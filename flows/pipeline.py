@@ -8,7 +8,7 @@ Finished stages are kept in `<out>/journal.json` and not run again, and inside a
 already done is skipped (committed shards, checkpoints on disk), so a killed pipeline resumes at
 the stage it reached. A curriculum sets the task levels each round searches; `round_settings`
 changes engine settings from a given round on (e.g. the search objective or the DPO steps of
-round 2), so a run whose rounds differ is still one command.
+round 2) and `round_trainers` the trainers, so a run whose rounds differ is still one command.
 """
 
 from __future__ import annotations
@@ -59,7 +59,23 @@ class PipelineConfig(Section):
         description="engine settings that change from a round on: {2: {'search.objective': 'efficient_success'}} "
                     "(dotted paths under engine; an entry holds for its round and every later one)",
     )
+    round_trainers: dict[int, list[Literal["dpo", "sft", "grpo"]]] = Field(
+        default_factory=dict,
+        description="trainers that change from a round on: {2: ['sft']} (an entry holds for its round and every "
+                    "later one; earlier rounds run `trainers`)",
+    )
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @field_validator("round_trainers")
+    @classmethod
+    def _trainer_rounds(cls, value: dict[int, list[str]]) -> dict[int, list[str]]:
+        for r, kinds in value.items():
+            if r < 1:
+                raise ValueError(f"round_trainers: rounds count from 1, not {r}")
+            if not kinds:
+                raise ValueError(f"round_trainers[{r}]: name at least one trainer (a round without training "
+                                 "evaluates the same model again)")
+        return value
 
     @field_validator("round_settings", mode="before")
     @classmethod
@@ -167,8 +183,9 @@ class Journal:
         from dataengine.types import stable_hash
 
         self.path = path
-        # An empty round_settings is left out too, so journals written before it existed still match.
-        left_out = {"runtime", "rounds"} | (set() if config.round_settings else {"round_settings"})
+        # Empty round_settings / round_trainers are left out too, so journals written before they
+        # existed still match.
+        left_out = {"runtime", "rounds"} | {k for k in ("round_settings", "round_trainers") if not getattr(config, k)}
         self.key = stable_hash(config.model_dump(mode="json", exclude=left_out))
         self.done: dict[str, Any] = {}
         self.forked_from: dict[str, Any] | None = None
@@ -263,6 +280,12 @@ def fork_pipeline(source_out_dir: str | Path, source_store: str | Path, config: 
     return journal
 
 
+def round_trainers(config: PipelineConfig, r: int) -> list[str]:
+    """The trainers round `r` runs: the latest round_trainers entry at or before r, else `trainers`."""
+    started = [k for k in config.round_trainers if k <= r]
+    return list(config.round_trainers[max(started)]) if started else list(config.trainers)
+
+
 def round_levels(config: PipelineConfig, r: int) -> list[int] | None:
     """The task levels round `r` (1-based) searches: curriculum[r-1], the last entry after the
     list ends; None (every level) without a curriculum."""
@@ -315,7 +338,7 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
         checkpoints = []
         # The search policy is reloaded from the new checkpoint anyway; training needs its memory.
         release_policies()
-        for kind in config.trainers:
+        for kind in round_trainers(config, r):
             data = exported.get(DATASET[kind][1], {})
             if not data.get("rows"):
                 get_run_logger().warning("round %d: no %s rows for %s; %s skipped", r, DATASET[kind][1], kind, kind)

@@ -105,6 +105,32 @@ def test_round_settings_refuse_bad_paths_values_and_rounds(tmp_path, setting, me
         experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", overrides=setting)
 
 
+def test_round_trainers_change_later_rounds_only(tmp_path):
+    """A round_trainers entry holds from its round on; an empty one leaves the journal key as it was."""
+    from dataengine.experiment import experiment_config
+    from flows.pipeline import Journal, round_trainers
+
+    common = dict(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=3, trainers=["sft", "dpo"])
+    cfg = experiment_config(**common, overrides={"round_trainers__2": ["sft"]})
+    assert [round_trainers(cfg, r) for r in (1, 2, 3)] == [["sft", "dpo"], ["sft"], ["sft"]]
+    from dataengine.commands.experiment import experiment_overrides
+    assert experiment_config(**common, overrides=experiment_overrides(None, ["round_trainers.2=[sft]"], None)) == cfg
+    later = experiment_config(**common, overrides={"round_trainers__2": ["sft"], "round_trainers__3": ["dpo", "grpo"]})
+    assert [round_trainers(later, r) for r in (1, 2, 3)] == [["sft", "dpo"], ["sft"], ["dpo", "grpo"]]
+    plain = experiment_config(**common)
+    assert plain.round_trainers == {}
+    assert Journal(tmp_path / "a.json", plain).key != Journal(tmp_path / "b.json", cfg).key
+    # journals written before the field existed: the key of a config without it is unchanged
+    from dataengine.types import stable_hash
+    assert Journal(tmp_path / "p.json", plain).key == stable_hash(
+        plain.model_dump(mode="json", exclude={"runtime", "rounds", "round_settings", "round_trainers"}))
+    for bad, message in (({"round_trainers__0": ["sft"]}, "rounds count from 1"),
+                         ({"round_trainers__2": []}, "at least one trainer"),
+                         ({"round_trainers__2": ["ppo"]}, "round_trainers")):
+        with pytest.raises(ConfigError, match=message):
+            experiment_config(**common, overrides=bad)
+
+
 def test_round_set_option_parses_round_path_and_yaml_value():
     import typer
 
@@ -126,10 +152,10 @@ EXPERIMENT_SETS = [
     "engine.search.trees_per_batch=16", "engine.search.greedy_candidate=true", "engine.policy.temperature=0.7", "engine.policy.max_new_tokens=48",
     "engine.eval.max_new_tokens=48", "engine.eval.search=false", "engine.train.sft.num_train_epochs=2",
     "engine.train.sft.max_steps=66", "engine.train.dpo.max_steps=16", "engine.derive.balance_by=level,decision",
+    "round_trainers.2=[sft]",
 ]
 EXPERIMENT_ROUND_SETS = [
-    "2:search.objective=efficient_success", "2:derive.sft_fewest_steps=true", "2:derive.balance_kinds=[sft]",
-    "2:train.dpo.max_steps=-1", "2:train.dpo.loss_type=sigmoid,sft",
+    "2:search.objective=efficient_success", "2:derive.sft_fewest_steps=true",
 ]
 
 
@@ -138,7 +164,7 @@ def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     (so either spelling resumes the other's run)."""
     from dataengine.commands.experiment import experiment_overrides
     from dataengine.experiment import experiment_config
-    from flows.pipeline import Journal, round_engine
+    from flows.pipeline import Journal, round_engine, round_trainers
 
     common = dict(out=str(tmp_path), suites=["arithmetic"], rounds=2, train_tasks=40, heldout_tasks=100,
                   model="smollm2", trainers=["sft", "dpo"])
@@ -148,8 +174,10 @@ def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     assert from_file == flags
     assert Journal(tmp_path / "j.json", from_file).key == Journal(tmp_path / "j.json", flags).key
     r2 = round_engine(from_file, 2)
-    assert (r2.search.objective, r2.train.dpo.loss_type, r2.train.dpo.max_steps) == ("efficient_success", "sigmoid,sft", -1)
-    assert round_engine(from_file, 1).train.dpo.loss_type == "sigmoid"
+    assert (r2.search.objective, r2.derive.sft_fewest_steps) == ("efficient_success", True)
+    assert round_engine(from_file, 1).search.objective == "success"
+    # round 2's DPO is round 1's: balanced pairs, 16 steps
+    assert round_trainers(from_file, 1) == ["sft", "dpo"] and round_trainers(from_file, 2) == ["sft"]
     # --set still overrides the file
     changed = experiment_config(**common, overrides=experiment_overrides(path, ["engine.search.num_simulations=8"], None))
     assert changed.engine.search.num_simulations == 8
