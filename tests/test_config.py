@@ -107,13 +107,14 @@ def test_round_settings_refuse_bad_paths_values_and_rounds(tmp_path, setting, me
 
 def test_round_trainers_change_later_rounds_only(tmp_path):
     """A round_trainers entry holds from its round on; an empty one leaves the journal key as it was."""
+    from dataengine.commands.experiment import experiment_overrides
     from dataengine.experiment import experiment_config
+    from dataengine.types import stable_hash
     from flows.pipeline import Journal, round_trainers
 
     common = dict(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=3, trainers=["sft", "dpo"])
     cfg = experiment_config(**common, overrides={"round_trainers__2": ["sft"]})
     assert [round_trainers(cfg, r) for r in (1, 2, 3)] == [["sft", "dpo"], ["sft"], ["sft"]]
-    from dataengine.commands.experiment import experiment_overrides
     assert experiment_config(**common, overrides=experiment_overrides(None, ["round_trainers.2=[sft]"], None)) == cfg
     later = experiment_config(**common, overrides={"round_trainers__2": ["sft"], "round_trainers__3": ["dpo", "grpo"]})
     assert [round_trainers(later, r) for r in (1, 2, 3)] == [["sft", "dpo"], ["sft"], ["dpo", "grpo"]]
@@ -121,7 +122,6 @@ def test_round_trainers_change_later_rounds_only(tmp_path):
     assert plain.round_trainers == {}
     assert Journal(tmp_path / "a.json", plain).key != Journal(tmp_path / "b.json", cfg).key
     # journals written before the field existed: the key of a config without it is unchanged
-    from dataengine.types import stable_hash
     assert Journal(tmp_path / "p.json", plain).key == stable_hash(
         plain.model_dump(mode="json", exclude={"runtime", "rounds", "round_settings", "round_trainers"}))
     for bad, message in (({"round_trainers__0": ["sft"]}, "rounds count from 1"),
@@ -176,7 +176,7 @@ def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     r2 = round_engine(from_file, 2)
     assert (r2.search.objective, r2.derive.sft_fewest_steps) == ("efficient_success", True)
     assert round_engine(from_file, 1).search.objective == "success"
-    # round 2's DPO is round 1's: balanced pairs, 16 steps
+    # round 2 trains SFT only (no DPO)
     assert round_trainers(from_file, 1) == ["sft", "dpo"] and round_trainers(from_file, 2) == ["sft"]
     # --set still overrides the file
     changed = experiment_config(**common, overrides=experiment_overrides(path, ["engine.search.num_simulations=8"], None))
