@@ -38,13 +38,11 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from dataengine.budget import TokenBudget
 from dataengine.env import EnvState, ToolEnv
 from dataengine.policy.base import Conversation, Policy, Sample
-
-if TYPE_CHECKING:  # dataengine.search imports dataengine.values, which imports this module
-    from dataengine.search.budget import TokenBudget
 
 End = Literal["answer", "env_limit", "max_steps", "budget", "script"]
 # Ends after which the runner marks the state truncated (the env did not end the episode).

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from dataengine.budget import TokenBudget
 from dataengine.episodes import Sampler, run_episodes
 from dataengine.policy.base import Conversation, Policy
 from dataengine.types import Episode, Message, Task
@@ -86,10 +87,6 @@ class RolloutValue:
 
     def estimate(self, states: Sequence[Any]) -> list[ValueEstimate]:
         """One estimate per EnvState (a terminal state is scored directly, no rollout)."""
-        from dataengine.search.budget import (
-            TokenBudget,  # not at the top: dataengine.search imports this module
-        )
-
         open_ = [i for i, s in enumerate(states) if not s.terminal]
         runs = run_episodes(
             self.env,

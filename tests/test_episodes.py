@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from dataengine.budget import TokenBudget
 from dataengine.env import ToolEnv
 from dataengine.episodes import Sampler, Script, episode_seed, run_episodes
 from dataengine.policy import Conversation, Policy, PolicyStats, Sample, make_policy
 from dataengine.policy.base import conv_seeds
-from dataengine.search.budget import TokenBudget
 from dataengine.suites import generate_suite, gold_turns
 from dataengine.tools.sandbox import Sandbox
 from dataengine.verifiers.composite import CompositeReward

@@ -9,9 +9,9 @@ See docs/search.md. The tensor search itself lives in mcts/; this package is its
 (nodes = conversation + env snapshot, edges = merged sampled actions) and the store writer.
 """
 
+from dataengine.budget import TokenBudget
 from dataengine.search.adapter import ExpandCounters, LeafValue, LLMExpander
 from dataengine.search.baselines import PlayedEpisode, best_of_n, greedy, play_episodes
-from dataengine.search.budget import TokenBudget
 from dataengine.search.nodes import (
     Edge,
     NodeTable,

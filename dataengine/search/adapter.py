@@ -37,11 +37,11 @@ from typing import Any
 import torch
 
 import mcts
+from dataengine.budget import TokenBudget
 from dataengine.config import PolicyConfig, SearchConfig
 from dataengine.env import EnvState, ToolEnv
 from dataengine.parsing import OPEN_TAG, parse_action
 from dataengine.policy.base import Conversation, Policy, Sample
-from dataengine.search.budget import TokenBudget
 from dataengine.search.nodes import (
     NodeTable,
     PriorKind,

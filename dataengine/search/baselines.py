@@ -17,10 +17,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from dataengine.budget import TokenBudget
 from dataengine.env import EnvState, ToolEnv
 from dataengine.episodes import EpisodeRun, Sampler, run_episodes
 from dataengine.policy.base import Policy
-from dataengine.search.budget import TokenBudget
 from dataengine.types import Task, Verdict
 from dataengine.verifiers.composite import CompositeReward
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dataengine.budget import TokenBudget
 from dataengine.env import EnvState
 from dataengine.parsing import parse_action
 from dataengine.policy.base import Sample
-from dataengine.search.budget import TokenBudget
 from dataengine.types import Action, Verdict, stable_hash
 
 PriorKind = Literal["logprob", "frequency"]

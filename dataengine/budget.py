@@ -1,4 +1,4 @@
-"""Budget accounting shared by the search and the baselines: generated tokens per task.
+"""Budget accounting shared by the search, the baselines and rollouts: generated tokens per task.
 
 Search and sampling are compared at equal generated tokens, so every token the policy samples
 for a task (expansions, rollouts, best-of-N episodes) is charged to that task here. A search
