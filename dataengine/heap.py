@@ -4,7 +4,10 @@ PyTorch on CPU allocates tensors with malloc. glibc serves anything under its mm
 from heap arenas and raises that threshold (up to 32 MB) each time a larger block is freed, so
 the many 1-30 MB temporaries of a training step end up in arenas that fragment and never
 shrink: DPO on SmolLM2 kept ~0.9 GB more resident than it used (benchmarks/bench_train_memory.py).
-Elsewhere than glibc these are no-ops.
+Training therefore maps every large block (`map_large_blocks`). Generation is the other way
+round: a decode step allocates and frees the same KV and logits blocks again and again, and
+with each mapped it pays for fresh zeroed pages every step, so after training the heap serves
+them again (`serve_from_heap`; benchmarks/bench_heap.py). Elsewhere than glibc these are no-ops.
 """
 
 from __future__ import annotations
@@ -13,8 +16,13 @@ import ctypes
 import ctypes.util
 from functools import cache
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
+M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 128 * 1024  # glibc's default, kept fixed
+# glibc's highest dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): where the default
+# threshold ends up once a process has freed blocks that large.
+HEAP_THRESHOLD = 32 * 1024 * 1024
+TRIM_THRESHOLD = 2 * HEAP_THRESHOLD  # what the dynamic rule pairs with it
 
 
 @cache
@@ -40,3 +48,17 @@ def map_large_blocks() -> None:
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def serve_from_heap() -> None:
+    """Undo `map_large_blocks` as far as glibc allows: blocks up to 32 MiB come from the heap
+    arenas again and are reused (a fixed threshold at the top of the dynamic range; once a
+    threshold is set, glibc never adjusts it again), and the heap's top is kept up to 64 MiB
+    instead of being handed back after every freed block (glibc's dynamic rule raises the trim
+    threshold with the mmap threshold; a fixed one leaves it at 128 KiB). Free pages are
+    trimmed first."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+        libc.mallopt(M_MMAP_THRESHOLD, HEAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)

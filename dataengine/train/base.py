@@ -3,8 +3,10 @@ optimiser, LoRA, lengths, seed) map onto TRL / transformers TrainingArguments.""
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from dataengine import heap
 from dataengine.config import TrainConfig
@@ -96,6 +98,26 @@ def load_for_training(config: TrainConfig) -> tuple[Any, Any]:
     model.train()
     fit_fused_head_to_cpu(device)
     return model, tokenizer
+
+
+T = TypeVar("T")
+
+
+def training_heap(train: Callable[..., T]) -> Callable[..., T]:
+    """Decorate a trainer `train(config, ...)`: on CPU, load_for_training maps large blocks
+    (freed memory goes back at once while training); when the trainer returns or raises, the
+    heap serves them again (`heap.serve_from_heap`), because the search and evaluation that
+    follow in a pipeline's process allocate and free the same blocks at every decode step."""
+
+    @functools.wraps(train)
+    def run(config: TrainConfig, *args: Any, **kwargs: Any) -> T:
+        try:
+            return train(config, *args, **kwargs)
+        finally:
+            if model_device(config) == "cpu":
+                heap.serve_from_heap()
+
+    return run
 
 
 def peft_config(config: TrainConfig) -> Any:

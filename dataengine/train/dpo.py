@@ -17,7 +17,7 @@ from typing import Any
 
 from dataengine.config import DPOTrainConfig
 from dataengine.models import weights_fingerprint
-from dataengine.train.base import load_for_training, model_device, peft_config, train_metrics, trl_kwargs
+from dataengine.train.base import load_for_training, model_device, peft_config, train_metrics, training_heap, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.progress import attach_progress
@@ -110,6 +110,7 @@ def build_dpo_trainer(config: DPOTrainConfig, data: TrainingData, store: Any = N
     return trainer, model, tokenizer
 
 
+@training_heap
 def train_dpo(
     config: DPOTrainConfig,
     dataset: Any,

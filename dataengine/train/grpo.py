@@ -23,7 +23,7 @@ from typing import Any
 
 from dataengine.config import GRPOTrainConfig
 from dataengine.models import weights_fingerprint
-from dataengine.train.base import load_for_training, peft_config, train_metrics, trl_kwargs
+from dataengine.train.base import load_for_training, peft_config, train_metrics, training_heap, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.environment import environment_factories, final_reply, regroup_turns
@@ -109,6 +109,7 @@ def build_grpo_trainer(
     return trainer, model, tokenizer
 
 
+@training_heap
 def train_grpo(
     config: GRPOTrainConfig,
     dataset: Any,

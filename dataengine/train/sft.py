@@ -13,7 +13,7 @@ from typing import Any
 
 from dataengine.config import SFTTrainConfig
 from dataengine.models import weights_fingerprint
-from dataengine.train.base import load_for_training, peft_config, train_metrics, trl_kwargs
+from dataengine.train.base import load_for_training, peft_config, train_metrics, training_heap, trl_kwargs
 from dataengine.train.checkpoint import CheckpointInfo, finish_training, parent_model_id
 from dataengine.train.data import TrainingData, as_training_data
 from dataengine.train.progress import attach_progress
@@ -46,6 +46,7 @@ def build_sft_trainer(config: SFTTrainConfig, data: TrainingData) -> tuple[Any, 
     return trainer, model, tokenizer
 
 
+@training_heap
 def train_sft(config: SFTTrainConfig, dataset: Any, store: Any = None) -> CheckpointInfo:
     """Run SFT and write a checkpoint to config.out_dir; register it in `store` when given.
 
