@@ -57,8 +57,8 @@ def serve_from_heap() -> None:
     instead of being handed back after every freed block (glibc's dynamic rule raises the trim
     threshold with the mmap threshold; a fixed one leaves it at 128 KiB). Free pages are
     trimmed first."""
+    trim()
     libc = _libc()
     if libc is not None:
-        libc.malloc_trim(0)
         libc.mallopt(M_MMAP_THRESHOLD, HEAP_THRESHOLD)
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
