@@ -9,6 +9,7 @@ Embedded default: no PREFECT_API_URL set, so Prefect starts its local ephemeral 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -143,12 +144,55 @@ def _repo_root() -> str:
 # ---------------------------------------------------------------------------- accelerator limit
 
 
+FILE_LEASES = "prefect.server.concurrency.lease_storage.filesystem"
+
+
 def ensure_accelerator_limit(slots: int) -> None:
-    """Create (or resize) the global concurrency limit ACCELERATOR on the current Prefect API."""
+    """Create (or resize) the global concurrency limit ACCELERATOR on the current Prefect API and
+    give back the slots of holders that died (reclaim_dead_slots)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         client.upsert_global_concurrency_limit_by_name(ACCELERATOR, slots)
+        reclaim_dead_slots(client)
+
+
+def reclaim_dead_slots(client: Any) -> int:
+    """Give back ACCELERATOR slots that no live lease holds; returns how many.
+
+    A process killed while it holds a slot never releases it. A `prefect server` revokes the
+    expired lease (its repossessor service), but the embedded API runs no services and is gone
+    with its process, while the slot count stays in PREFECT_HOME's database: every later run
+    would wait forever. So on the embedded API, whose leases live on disk under PREFECT_HOME
+    (flows/__init__.py sets Prefect's file lease storage), expired leases are released through
+    the API, and slots held by no lease at all (taken before leases were kept on disk) are reset.
+    A holder renews its lease while it runs, so a live one is never reclaimed.
+    """
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+    from prefect.server.concurrency.lease_storage.filesystem import ConcurrencyLeaseStorage
+    from prefect.settings import get_current_settings
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    settings = get_current_settings()
+    if settings.api.url is not None or settings.server.concurrency.lease_storage != FILE_LEASES:
+        return 0
+    storage = ConcurrencyLeaseStorage(settings.home / "concurrency_leases")
+    limit = client.read_global_concurrency_limit_by_name(ACCELERATOR)
+    before = limit.active_slots
+    for lease_id in run_coro_as_sync(storage.read_expired_lease_ids(limit=10_000)):
+        client.release_concurrency_slots_with_lease(lease_id)
+    live = 0
+    for lease_id in run_coro_as_sync(storage.read_active_lease_ids(limit=10_000)):
+        lease = run_coro_as_sync(storage.read_lease(lease_id))
+        if lease is not None and limit.id in lease.resource_ids and lease.metadata is not None:
+            live += lease.metadata.slots
+    if client.read_global_concurrency_limit_by_name(ACCELERATOR).active_slots > live:
+        client.update_global_concurrency_limit(ACCELERATOR, GlobalConcurrencyLimitUpdate(active_slots=live))
+    freed = before - live
+    if freed > 0:
+        logging.getLogger(__name__).warning(
+            "gave back %d %s slot(s) held by a process that stopped without releasing them", freed, ACCELERATOR)
+    return max(freed, 0)
 
 
 @contextmanager
@@ -181,6 +225,7 @@ def private_prefect_home(path: str | os.PathLike[str]) -> Iterator[None]:
         PREFECT_HOME,
         PREFECT_LOGGING_TO_API_ENABLED,
         PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         temporary_settings,
     )
@@ -188,6 +233,7 @@ def private_prefect_home(path: str | os.PathLike[str]) -> Iterator[None]:
     os.makedirs(path, exist_ok=True)
     with temporary_settings({PREFECT_HOME: str(path), PREFECT_SERVER_ANALYTICS_ENABLED: False,
                              PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 180,
+                             PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE: FILE_LEASES,
                              # Logs stay local: a log shipped after the server stops would fail noisily.
                              PREFECT_LOGGING_TO_API_ENABLED: False}):
         try:
