@@ -14,7 +14,7 @@ import os
 import re
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Literal
 
 from pydantic import Field
@@ -196,8 +196,10 @@ def reclaim_dead_slots(client: Any) -> int:
 
 
 @contextmanager
-def accelerator_slot() -> Iterator[None]:
-    """Hold one ACCELERATOR slot (waits while all are taken). Outside a Prefect run: no-op."""
+def accelerator_slot(note_every_s: float = 60.0) -> Iterator[None]:
+    """Hold one ACCELERATOR slot. While all are taken it waits, and every `note_every_s` says so
+    and gives back the slots of holders that died meanwhile (reclaim_dead_slots). Outside a
+    Prefect run: no-op."""
     from prefect.context import get_run_context
 
     try:
@@ -205,9 +207,22 @@ def accelerator_slot() -> Iterator[None]:
     except Exception:  # noqa: BLE001 - MissingContextError: called as a plain function
         yield
         return
+    from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
 
-    with concurrency(ACCELERATOR, occupy=1, strict=False):
+    waited = 0.0
+    with ExitStack() as held:
+        while True:
+            try:
+                held.enter_context(concurrency(ACCELERATOR, occupy=1, strict=False, timeout_seconds=note_every_s))
+                break
+            except TimeoutError:
+                waited += note_every_s
+                with get_client(sync_client=True) as client:
+                    reclaim_dead_slots(client)
+                logging.getLogger(__name__).warning(
+                    "waited %.0f s for a %s slot: another run holds it (Concurrency in the Prefect UI; "
+                    "runtime.accelerator_slots sets how many)", waited, ACCELERATOR)
         yield
 
 

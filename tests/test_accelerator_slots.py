@@ -101,3 +101,38 @@ def test_killed_holder_slot_comes_back_when_its_lease_expires():
     finally:
         holder.kill()
         holder.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_waiting_for_a_taken_slot_says_so_and_proceeds_when_released(caplog):
+    import threading
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flows.runtime import ACCELERATOR, accelerator_slot, ensure_accelerator_limit
+
+    ensure_accelerator_limit(1)
+    with get_client(sync_client=True) as client:
+        lease = client.increment_concurrency_slots_with_lease(
+            names=[ACCELERATOR], slots=1, mode="concurrency", lease_duration=300).json()["lease_id"]
+
+    @flow
+    def needs_the_slot() -> str:
+        with accelerator_slot(note_every_s=1.0):
+            return "ran"
+
+    result: list[str] = []
+    waiter = threading.Thread(target=lambda: result.append(needs_the_slot()))
+    with caplog.at_level("WARNING", logger="flows.runtime"):
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while "another run holds it" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "another run holds it" in caplog.text
+        assert not result  # still waiting: the live lease keeps its slot
+        with get_client(sync_client=True) as client:
+            client.release_concurrency_slots_with_lease(lease)
+        waiter.join(60)
+    assert result == ["ran"]
+    assert active_slots() == 0
