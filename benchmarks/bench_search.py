@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--max-depth", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the results to this JSON file (after each suite)")
+    parser.add_argument("--store", help="keep the runs' trajectory store in this folder (default: a temporary one), "
+                                        "e.g. for docs/scripts/call_failures.py; each method's run id is printed")
     parser.add_argument("--report", metavar="JSON", help="only print the tables of earlier --json files (repeat)", action="append")
     args = parser.parse_args()
     if args.report:
@@ -159,7 +161,7 @@ def main() -> None:
           flush=True)
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "store")
+        store = Store(Path(args.store) if args.store else Path(tmp) / "store")
         for suite in suites:
             cfg = base.model_copy(update={"suites": [suite], "num_tasks": args.tasks})
             tasks = config_tasks(cfg)
@@ -185,7 +187,7 @@ def main() -> None:
                                               "tokens": sum(r[3] for r in rows)}
                     print(f"  {suite:<10} {method:<21} {results[suite][method]['tokens']:>7} tokens "
                           f"{sum(r[0] for r in rows):>4} successes {sum(r[2] for r in rows):>3}/{len(rows)} solved "
-                          f"{results[suite][method]['seconds']:>7.1f} s", flush=True)
+                          f"{results[suite][method]['seconds']:>7.1f} s  run {summary.run_id}", flush=True)
             if args.json:  # after each suite, so a stopped run keeps the suites it finished
                 Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     report(results, methods, args)
