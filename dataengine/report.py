@@ -10,7 +10,7 @@ trained on their data or from those models, and the evals of those models. It wr
 - training curves of the joined checkpoints (loss per logged step; reward for GRPO) from the
   `log_history` recorded in their metrics;
 - distributions: trajectory rewards, node Q and leaf value estimates (histograms);
-- verifier pass rates, derived datasets, preference pair margins, checkpoints, runs;
+- verifier pass rates, why episodes fail, derived datasets, preference pair margins, checkpoints, runs;
 - a solved and an unsolved search tree side by side (dataengine.report_trees), nodes labelled
   with their actions, parse errors marked.
 
@@ -29,6 +29,7 @@ from typing import Any
 
 import polars as pl
 
+from dataengine.failures import failure_kinds
 from dataengine.report_runs import Selection, run_filter, select_runs
 
 ROUND = re.compile(r"/r(\d+)(?:/|$)")
@@ -98,6 +99,8 @@ def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | 
       search_success: run_id, round, suite, source, episodes, successes, mean_reward, success_rate;
       evals: run_id, round, model_id, suite, metric, value, ci_low, ci_high, n;
       verifiers: verifier, verdicts, applicable, passed, mean_score, pass_rate;
+      failures: run_id, suite, kind, episodes, share (dataengine.failures: why episodes fail,
+        by their first tool turn);
       datasets: table, run_id, kind, rows (derived pairs / sft / replay rows);
       pair_counts: run_id, kind, pairs, mean_margin;
       models: model_id, parent_id, kind, via (why it is in the report), run_id, steps,
@@ -144,6 +147,7 @@ def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | 
         .sort("verifier")
         .collect()
     )
+    tables["failures"] = failure_kinds(trajs.select("run_id", "suite", "success", "messages_json").collect())
     derived = [
         scan(t).filter(sel.rows()).select(pl.lit(t).alias("table"), "run_id",
                                           (pl.col("kind") if t != "replay" else pl.lit(None, pl.String)).alias("kind"))
@@ -334,6 +338,7 @@ SECTIONS = [
     ("Training curves", None, "curves"),
     ("Reward and value distributions", None, "distributions"),
     ("Verifier pass rates", "verifiers", None),
+    ("Why episodes fail (by the first tool turn)", "failures", None),
     ("Derived datasets", "datasets", None),
     ("Preference pairs", "pair_counts", "margins"),
     ("Checkpoints (how each is joined to the runs: via)", "models", None),

@@ -11,7 +11,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # Concurrency leases on disk beside the database, not in the embedded API's memory: a slot held
 # by a killed process can then be found and given back (flows.runtime.reclaim_dead_slots).
-os.environ.setdefault("PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE", "prefect.server.concurrency.lease_storage.filesystem")
+FILE_LEASES = "prefect.server.concurrency.lease_storage.filesystem"
+os.environ.setdefault("PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE", FILE_LEASES)
 # Prefect creates only the last level of PREFECT_HOME; with a missing parent its embedded API
 # fails to open its database and the flow waits on it (seen with PREFECT_HOME=./.cache/prefect).
 if os.environ.get("PREFECT_HOME"):

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from dataengine.config import Section
 from dataengine.stages.resources import release_resources  # noqa: F401 - flows' public cleanup
+from flows import FILE_LEASES
 
 # Global concurrency limit held while a task uses the model (GPU, or the CPU cores on a laptop).
 ACCELERATOR = "dataengine-accelerator"
@@ -142,9 +143,6 @@ def _repo_root() -> str:
 
 
 # ---------------------------------------------------------------------------- accelerator limit
-
-
-FILE_LEASES = "prefect.server.concurrency.lease_storage.filesystem"
 
 
 def ensure_accelerator_limit(slots: int) -> None:

@@ -92,6 +92,9 @@ def test_tables_hold_the_runs_numbers(store):
     assert verifiers["format"]["applicable"] == 0 and verifiers["format"]["pass_rate"] is None
     assert t["pair_counts"].rows() == [("demo/r1", "step", 2, pytest.approx(0.5))]
     assert t["datasets"].rows() == [("pairs", "demo/r1", "step", 2)]
+    # Why episodes fail: these hand-built episodes hold no messages, so every failure is "no call".
+    assert t["failures"].select("run_id", "kind", "episodes").rows() == [
+        ("demo/r1", "no call", 3), ("demo/r1", "success", 1), ("demo/r2", "success", 3), ("demo/r2", "no call", 1)]
 
 
 def test_report_files(store, tmp_path):
@@ -106,6 +109,7 @@ def test_report_files(store, tmp_path):
     assert report.trees == {"solved": ("demo/r2", "tree-0"), "unsolved": ("demo/r2", "tree-1")}
     assert "other" not in report.tables["runs"]["run_id"].to_list()
     assert "| demo/r2 | 2 | arithmetic | mcts | 4 | 3 |" in report.markdown.read_text()
+    assert "Why episodes fail" in page
 
 
 def test_action_labels():

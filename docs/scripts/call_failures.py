@@ -1,6 +1,8 @@
-"""Why greedy evaluation episodes fail, by the first tool call (docs/search.md, schema edits):
-success; no call; a call cut off at the token limit; a call missing a required argument; an argument outside the tool's enum; a
-call that ran (then a wrong answer, or the wrong arguments of the right type).
+"""Why episodes fail, by the first tool call (docs/search.md, schema edits; the kinds are
+dataengine.failures'): success; no call; a call cut off at the token limit; an empty first reply;
+an unknown tool; a call missing a required argument, with an argument outside the tool's enum or
+an unexpected one; a tool that raised; a call that ran (then a wrong answer, or the wrong
+arguments of the right type). `dataengine report` shows the same table per run and suite.
 
     .venv/bin/dataengine eval --model smollm2 --suite units --tasks 30 --max-new-tokens 48 \\
       --no-search --k 0 --seed 0 --store S
@@ -11,29 +13,15 @@ call that ran (then a wrong answer, or the wrong arguments of the right type).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import polars as pl  # noqa: E402
 
+from dataengine.failures import failure_kinds  # noqa: E402
 from storage import Store  # noqa: E402
-
-
-def kind(messages: list[dict]) -> str:
-    calls = [c for m in messages if m["role"] == "assistant" for c in (m.get("tool_calls") or [])]
-    tools = [m.get("content") or "" for m in messages if m["role"] == "tool"]
-    if not calls:
-        # A call whose closing tag fell past the token limit parses as no call.
-        return "call cut off (unclosed tag)" if any("unclosed <tool_call>" in t for t in tools) else "no call"
-    if "is a required property" in tools[0]:
-        return "call missing a required argument"
-    if "is not one of" in tools[0]:
-        return "argument outside the enum"
-    return "call ran, then wrong" if not tools[0].startswith("Error") else f"other error: {tools[0][:50]}"
 
 
 def main() -> None:
@@ -44,11 +32,10 @@ def main() -> None:
     rows = Store(args.store).trajectories()
     if args.run_id:
         rows = rows.filter(pl.col("run_id") == args.run_id)
-    rows = rows.collect()
-    counts = Counter("success" if r["success"] else kind(json.loads(r["messages_json"])) for r in rows.iter_rows(named=True))
-    for name, n in counts.most_common():
-        print(f"{n:4d}  {name}")
-    print(f"{len(rows):4d}  episodes")
+    kinds = failure_kinds(rows.collect()).group_by("kind").agg(pl.col("episodes").sum()).sort("episodes", "kind", descending=[True, False])
+    for kind, n in kinds.iter_rows():
+        print(f"{n:4d}  {kind}")
+    print(f"{kinds['episodes'].sum():4d}  episodes")
 
 
 if __name__ == "__main__":
