@@ -122,7 +122,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the results to this JSON file (after each suite)")
     parser.add_argument("--store", help="keep the runs' trajectory store in this folder (default: a temporary one), "
-                                        "e.g. for docs/scripts/call_failures.py; each method's run id is printed")
+                                        "e.g. for docs/scripts/call_failures.py; each method's run id is printed (a rerun into the "
+                                        "same folder resumes those runs instead of searching again)")
     parser.add_argument("--report", metavar="JSON", help="only print the tables of earlier --json files (repeat)", action="append")
     args = parser.parse_args()
     if args.report:
