@@ -26,6 +26,7 @@ solved tasks per M tokens on at least two of the four suites.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -161,8 +162,9 @@ def main() -> None:
           f"levels {args.level or 'all'}, widen_arguments {args.widen_arguments}, greedy candidate {args.greedy_candidate}",
           flush=True)
     results: dict[str, dict[str, dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(args.store) if args.store else Path(tmp) / "store")
+    with contextlib.ExitStack() as stack:  # a temporary store only when --store is not given
+        store = Store(Path(args.store) if args.store
+                      else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "store")
         for suite in suites:
             cfg = base.model_copy(update={"suites": [suite], "num_tasks": args.tasks})
             tasks = config_tasks(cfg)
