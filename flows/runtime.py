@@ -9,12 +9,14 @@ Embedded default: no PREFECT_API_URL set, so Prefect starts its local ephemeral 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import re
 import socket
+import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import Field
@@ -167,23 +169,16 @@ def reclaim_dead_slots(client: Any) -> int:
     A holder renews its lease while it runs, so a live one is never reclaimed.
     """
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-    from prefect.server.concurrency.lease_storage.filesystem import ConcurrencyLeaseStorage
-    from prefect.settings import get_current_settings
     from prefect.utilities.asyncutils import run_coro_as_sync
 
-    settings = get_current_settings()
-    if settings.api.url is not None or settings.server.concurrency.lease_storage != FILE_LEASES:
+    storage = _lease_storage()
+    if storage is None:
         return 0
-    storage = ConcurrencyLeaseStorage(settings.home / "concurrency_leases")
     limit = client.read_global_concurrency_limit_by_name(ACCELERATOR)
     before = limit.active_slots
     for lease_id in run_coro_as_sync(storage.read_expired_lease_ids(limit=10_000)):
         client.release_concurrency_slots_with_lease(lease_id)
-    live = 0
-    for lease_id in run_coro_as_sync(storage.read_active_lease_ids(limit=10_000)):
-        lease = run_coro_as_sync(storage.read_lease(lease_id))
-        if lease is not None and limit.id in lease.resource_ids and lease.metadata is not None:
-            live += lease.metadata.slots
+    live = sum(meta.slots for meta in _live_leases(storage, limit.id))
     if client.read_global_concurrency_limit_by_name(ACCELERATOR).active_slots > live:
         client.update_global_concurrency_limit(ACCELERATOR, GlobalConcurrencyLimitUpdate(active_slots=live))
     freed = before - live
@@ -195,33 +190,94 @@ def reclaim_dead_slots(client: Any) -> int:
 
 @contextmanager
 def accelerator_slot(note_every_s: float = 60.0) -> Iterator[None]:
-    """Hold one ACCELERATOR slot. While all are taken it waits, and every `note_every_s` says so
-    and gives back the slots of holders that died meanwhile (reclaim_dead_slots). Outside a
-    Prefect run: no-op."""
-    from prefect.context import get_run_context
+    """Hold one ACCELERATOR slot, in the name of the task or flow run that asks. While all are
+    taken it waits; every `note_every_s` it logs who holds them and gives back the slots of
+    holders that died meanwhile (reclaim_dead_slots). Outside a Prefect run: no-op."""
+    from prefect.client.schemas.objects import ConcurrencyLeaseHolder
+    from prefect.context import FlowRunContext, TaskRunContext
 
-    try:
-        get_run_context()
-    except Exception:  # noqa: BLE001 - MissingContextError: called as a plain function
+    ctx = TaskRunContext.get() or FlowRunContext.get()
+    if ctx is None:  # called as a plain function
         yield
         return
-    from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
 
+    run = ctx.task_run if isinstance(ctx, TaskRunContext) else ctx.flow_run
+    holder = ConcurrencyLeaseHolder(type="task_run" if isinstance(ctx, TaskRunContext) else "flow_run", id=run.id)
+    acquired = threading.Event()
+    # In this context's copy: the thread must see the same Prefect settings (PREFECT_HOME, API).
+    notes = threading.Thread(target=contextvars.copy_context().run, args=(_note_waits, acquired, note_every_s, run.name),
+                             daemon=True)
+    notes.start()
+    try:
+        with concurrency(ACCELERATOR, occupy=1, strict=False, holder=holder):
+            acquired.set()
+            yield
+    finally:
+        acquired.set()
+
+
+def _note_waits(acquired: threading.Event, every_s: float, waiter: str) -> None:
+    """Until `acquired` is set: every `every_s`, give back dead holders' slots and log who holds
+    the slots (a shard queued behind its own run's shards is normal; a slot held for hours is not)."""
+    log = logging.getLogger(__name__)
     waited = 0.0
-    with ExitStack() as held:
-        while True:
-            try:
-                held.enter_context(concurrency(ACCELERATOR, occupy=1, strict=False, timeout_seconds=note_every_s))
-                break
-            except TimeoutError:
-                waited += note_every_s
-                with get_client(sync_client=True) as client:
-                    reclaim_dead_slots(client)
-                logging.getLogger(__name__).warning(
-                    "waited %.0f s for a %s slot: another run holds it (Concurrency in the Prefect UI; "
-                    "runtime.accelerator_slots sets how many)", waited, ACCELERATOR)
-        yield
+    while not acquired.wait(every_s):
+        waited += every_s
+        try:
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as client:
+                reclaim_dead_slots(client)
+                holders = slot_holders(client)
+        except Exception as err:  # noqa: BLE001 - a note must never break the run that waits
+            holders = [f"unknown ({type(err).__name__}: {err})"]
+        log.info("%s has waited %.0f s for a %s slot, held by: %s (Concurrency in the Prefect UI; "
+                 "runtime.accelerator_slots sets how many)", waiter, waited, ACCELERATOR,
+                 ", ".join(holders) or "other runs")
+
+
+def slot_holders(client: Any) -> list[str]:
+    """Names of the task and flow runs that hold ACCELERATOR slots now; [] where the leases
+    can't be read (a `prefect server`, whose leases are not on this disk)."""
+    storage = _lease_storage()
+    if storage is None:
+        return []
+    names = []
+    for meta in _live_leases(storage, client.read_global_concurrency_limit_by_name(ACCELERATOR).id):
+        if meta.holder is None:
+            names.append("a holder without a name")
+            continue
+        try:
+            read = client.read_task_run if meta.holder.type == "task_run" else client.read_flow_run
+            names.append(f"{meta.holder.type.replace('_', ' ')} '{read(meta.holder.id).name}'")
+        except Exception:  # noqa: BLE001 - ObjectNotFound: a deleted run still named by its lease
+            names.append(f"{meta.holder.type.replace('_', ' ')} {meta.holder.id}")
+    return names
+
+
+def _lease_storage() -> Any:
+    """Prefect's file lease storage under PREFECT_HOME when the embedded API keeps its leases
+    there (flows/__init__.py sets it); None otherwise."""
+    from prefect.server.concurrency.lease_storage.filesystem import ConcurrencyLeaseStorage
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url is not None or settings.server.concurrency.lease_storage != FILE_LEASES:
+        return None
+    return ConcurrencyLeaseStorage(settings.home / "concurrency_leases")
+
+
+def _live_leases(storage: Any, limit_id: Any) -> list[Any]:
+    """The metadata (slots, holder) of the unexpired leases on the limit `limit_id`."""
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    out = []
+    for lease_id in run_coro_as_sync(storage.read_active_lease_ids(limit=10_000)):
+        lease = run_coro_as_sync(storage.read_lease(lease_id))
+        if lease is not None and limit_id in lease.resource_ids and lease.metadata is not None:
+            out.append(lease.metadata)
+    return out
 
 
 def artifact_key(*parts: str) -> str:
