@@ -202,8 +202,8 @@ def accelerator_slot(note_every_s: float = 60.0) -> Iterator[None]:
         return
     from prefect.concurrency.sync import concurrency
 
-    run = ctx.task_run if isinstance(ctx, TaskRunContext) else ctx.flow_run
-    holder = ConcurrencyLeaseHolder(type="task_run" if isinstance(ctx, TaskRunContext) else "flow_run", id=run.id)
+    kind, run = ("task_run", ctx.task_run) if isinstance(ctx, TaskRunContext) else ("flow_run", ctx.flow_run)
+    holder = ConcurrencyLeaseHolder(type=kind, id=run.id)
     acquired = threading.Event()
     # In this context's copy: the thread must see the same Prefect settings (PREFECT_HOME, API).
     notes = threading.Thread(target=contextvars.copy_context().run, args=(_note_waits, acquired, note_every_s, run.name),
