@@ -8,7 +8,7 @@ its rate does not depend on B. Prints one line per configuration with the ratio.
     .venv/bin/python benchmarks/bench_mcts.py            # B in {1, 64, 1024}, 64 simulations
     .venv/bin/python benchmarks/bench_mcts.py --quick    # tiny run
     .venv/bin/python benchmarks/bench_mcts.py --device cuda
-    .venv/bin/python benchmarks/bench_mcts.py --compiled   # adds torch.compile lines (CPU; minutes to compile)
+    .venv/bin/python benchmarks/bench_mcts.py --compiled   # adds torch.compile lines (minutes to compile)
 """
 
 from __future__ import annotations
@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (small ops: 1 is fastest)")
     parser.add_argument("--simulations", type=int, default=None, help="simulations per tree")
-    parser.add_argument("--compiled", action="store_true", help="also time mcts.search(compiled=True) on CPU")
+    parser.add_argument("--compiled", action="store_true", help="also time mcts.search(compiled=True) (C++ on CPU, Triton on CUDA)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the fastest counts (noisy hosts)")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                         help="CPU timer: the process's CPU time (default; shared hosts) or wall time (quiet "
@@ -353,21 +353,28 @@ def main() -> None:
             eager = max(batched(env, policy, b, sims, leaves, device, graphs=False)[0] for _ in range(args.repeats))
             line += f"\n{'  graphs, expand eager between them':34s}: {split:>11,.0f} sim/s"
             line += f"\n{'  no CUDA graphs (eager)':34s}: {eager:>11,.0f} sim/s  graphs x{rate / eager:5.2f}"
-        if args.compiled and leaves == 1 and not device.startswith("cuda"):
-            runs = [batched(env, policy, b, sims, leaves, device, compiled=True)]
-            compile_seconds = runs[0][2]  # later warm-ups reuse this process's compiled code
-            runs += [batched(env, policy, b, sims, leaves, device, compiled=True) for _ in range(args.repeats - 1)]
-            fast, fast_visits = max(r[0] for r in runs), runs[0][1]
-            # Fused exp/log/sums round differently in the last bit: near ties can go the other way.
-            same = sum(torch.equal(x, y) for x, y in zip(fast_visits, visits))
-            line += (
-                f"\n{'  compiled (torch.compile)':34s}: {fast:>11,.0f} sim/s  x{fast / rate:5.2f} eager"
-                f"  (first search, compiling: {compile_seconds:.0f} s wall; root visits equal to eager in {same}/{b} trees)"
-            )
+        fast = None
+        if args.compiled and leaves == 1:
+            try:
+                runs = [batched(env, policy, b, sims, leaves, device, compiled=True)]
+            except RuntimeError as e:  # the compiler failed on this search (seen: Triton, Gumbel, CUDA)
+                line += f"\n{'  compiled (torch.compile)':34s}: failed: {e}"
+            else:
+                compile_seconds = runs[0][2]  # later warm-ups reuse this process's compiled code
+                runs += [batched(env, policy, b, sims, leaves, device, compiled=True) for _ in range(args.repeats - 1)]
+                fast, fast_visits = max(r[0] for r in runs), runs[0][1]
+                # Fused exp/log/sums round differently in the last bit: near ties can go the other way.
+                same = sum(torch.equal(x, y) for x, y in zip(fast_visits, visits))
+                line += (
+                    f"\n{'  compiled (torch.compile)':34s}: {fast:>11,.0f} sim/s  x{fast / rate:5.2f} "
+                    f"{'graphs' if device.startswith('cuda') else 'eager'}"
+                    f"  (first search, compiling: {compile_seconds:.0f} s wall; root visits equal to "
+                    f"{'graphs' if device.startswith('cuda') else 'eager'} in {same}/{b} trees)"
+                )
         peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats, device) if leaves == 1 else None
         if peer is not None:
             line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"
-            if args.compiled and leaves == 1 and not device.startswith("cuda"):
+            if fast is not None:
                 line += f"  compiled/mctx x{fast / peer:5.2f}"
         print(line)
     counts = ", ".join(f"B={b}: {ops_per_step(env, b, sims):.0f}" for b in sizes[:2])

@@ -6,7 +6,8 @@
 #
 # - the hf policy tests and the whole-search mcts tests, on CUDA only (-k cuda);
 # - bench_mcts.py on CUDA (mctx on JAX's GPU backend beside it when mctx imports);
-# - bench_policy.py on CUDA, float32 and bfloat16.
+# - bench_mcts.py --compiled on CUDA (adds torch.compile's Triton path; minutes of compiling);
+# - bench_policy.py on CUDA, float32 and bfloat16 (DTYPES picks).
 # Without the SmolLM2 checkpoint (a GPU machine with no network and a 64 MiB upload, say), pass
 # a folder holding SmolLM2's config.json and tokenizer files: the policy benchmark then runs that
 # architecture with seeded random weights (rows seldom end early, so every mode generates nearly
@@ -50,10 +51,11 @@ EOF
 fi
 
 # Each step runs whatever the last one did; its log comes back either way. STEPS picks some.
-STEPS=${STEPS:-tests mcts policy}
-[[ $STEPS == *tests* ]] && timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda tests/test_policy.py tests/test_mcts_search.py 2>&1 | tee "$OUT/tests_cuda.log"
+STEPS=${STEPS:-tests mcts compiled policy}
+[[ $STEPS == *tests* ]] && timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda -rs tests/test_policy.py tests/test_mcts_search.py 2>&1 | tee "$OUT/tests_cuda.log"
 [[ $STEPS == *mcts* ]] && timeout 150 $PY benchmarks/bench_mcts.py --device cuda --repeats 2 2>&1 | tee "$OUT/bench_mcts_cuda.log"
-[[ $STEPS == *policy* ]] && for dtype in float32 bfloat16; do
+[[ $STEPS == *compiled* ]] && timeout 200 $PY benchmarks/bench_mcts.py --device cuda --repeats 2 --compiled 2>&1 | tee "$OUT/bench_mcts_compiled_cuda.log"
+[[ $STEPS == *policy* ]] && for dtype in ${DTYPES:-float32 bfloat16}; do
   timeout 120 $PY benchmarks/bench_policy.py --device cuda --dtype $dtype --model "$MODEL" \
     --modes generate,copy_k,old,new --json "$OUT/bench_policy_cuda_$dtype.json" 2>&1 | tee "$OUT/bench_policy_cuda_$dtype.log"
 done

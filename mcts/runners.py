@@ -1,5 +1,6 @@
 """How the search runs a fixed-step function `fn(steps, generator)` (mcts.search's
-`_search_static`): recorded once and replayed as CUDA graphs, or compiled by torch.compile on CPU.
+`_search_static`): recorded once and replayed as CUDA graphs, or compiled by torch.compile (C++ on
+CPU, Triton kernels on CUDA).
 
 Both need `fn` to read and write only tensors that live across calls and to take a fixed number
 of steps, never asking the device anything; mcts.search supplies such functions.
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._inductor.exc import InductorError
 
 from mcts.action_selection import NoiseTape
 from mcts.base import ActionSelectionFn
@@ -60,9 +62,10 @@ class CudaGraphs:
 
 
 class Compiled:
-    """Runs `fn(steps, generator)` compiled by torch.compile (inductor) on CPU: a selection walk,
+    """Runs `fn(steps, generator)` compiled by torch.compile (inductor): a selection walk,
     a backup or whole iterations (with a graph-safe expand function) become a few fused C++
-    loops instead of hundreds of ATen calls, each paying Python and dispatch overhead. Same contract for `fn` as CudaGraphs (fixed tensors, no
+    loops (CPU) or Triton kernels (CUDA) instead of hundreds of ATen calls, each paying Python
+    and dispatch overhead (and on CUDA a kernel launch). Same contract for `fn` as CudaGraphs (fixed tensors, no
     data-dependent shapes, nothing asked of the data from Python).
 
     Compiled code cannot call a torch.Generator, so the rules draw their tie-break noise from a
@@ -70,7 +73,9 @@ class Compiled:
     per walk step), the first time; afterwards exactly what that call took (learnt from the tape, padded
     to the compiled shape). The generator is then moved on by exactly the numbers used, as the
     eager loop moves it. Every call is compiled, so a search gives the same tree whatever ran
-    before it in the process.
+    before it in the process. A CUDA generator's one flat draw is not the same numbers as the
+    draws made one by one (Philox offsets), so on CUDA exact ties can break another way than in
+    the eager loop.
     """
 
     # Each (function, walk length, batch shape, rule) is one compiled variant. Past torch's
@@ -79,15 +84,20 @@ class Compiled:
     RECOMPILE_LIMIT = 256
     # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
     compiler = staticmethod(functools.partial(torch.compile, dynamic=False, options={"cpp_wrapper": True}))
+    # On CUDA inductor's default Python wrapper around the Triton kernels (the measured path, docs/mcts.md).
+    cuda_compiler = staticmethod(functools.partial(torch.compile, dynamic=False))
     # (signature, name, fn's code, steps) -> noise values one call takes, for the whole process.
     used: dict[tuple[Any, ...], int] = {}
     entry: dict[Any, Callable[..., Any]] = {}
 
     def __init__(
         self, generator: torch.Generator | None, batch_size: int, num_actions: int, signature: Any,
-        rule_calls: dict[str, int],
+        rule_calls: dict[str, int], device: torch.device = torch.device("cpu"),
     ):
-        self.generator = generator if generator is not None else torch.default_generator
+        if generator is None:
+            generator = torch.cuda.default_generators[device.index or 0] if device.type == "cuda" else torch.default_generator
+        self.generator = generator
+        self.device = device
         self.rule_calls = rule_calls
         self.draw = batch_size * num_actions
         self.signature = (batch_size, num_actions, signature)
@@ -97,22 +107,34 @@ class Compiled:
         key = (self.signature, name, fn.__code__, steps)
         used = self.used.get(key)
         state = self.generator.get_state() if used is None else None
-        noise = torch.rand(room if used is None else used, generator=self.generator)
+        noise = torch.rand(room if used is None else used, generator=self.generator, device=self.device)
         if noise.numel() < room:
             noise = torch.cat([noise, noise.new_zeros(room - noise.numel())])
         tape = NoiseTape(noise=noise)
         # One compiled entry point for every search: dynamo keys its code on fn's code, so a new
         # search's closure reuses the compiled variants (torch.compile per search costs ~1.6 ms).
-        compiled = self.entry.get(self.compiler)
+        compiler = self.cuda_compiler if self.device.type == "cuda" else self.compiler
+        compiled = self.entry.get(compiler)
         if compiled is None:
-            compiled = self.entry[self.compiler] = self.compiler(_call)
+            compiled = self.entry[compiler] = compiler(_call)
         with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
-            out = compiled(fn, steps, tape)
+            try:
+                out = compiled(fn, steps, tape)
+            except InductorError as e:
+                # Seen on CUDA: Triton failed to build the Gumbel search's fused kernel (torch 2.11).
+                if state is not None:
+                    self.generator.set_state(state)
+                reason = str(e).strip().splitlines()[-1][:300]
+                raise RuntimeError(
+                    f"compiled=True: torch.compile could not build this search's {name} step on {self.device.type} "
+                    f"({reason}); run it with compiled=False"
+                    + (" (CUDA graphs)" if self.device.type == "cuda" else "")
+                ) from e
         if state is not None:
             # Move the generator on by what the call took, not by the room it was given.
             self.used[key] = tape.offset
             self.generator.set_state(state)
-            torch.rand(tape.offset, generator=self.generator)
+            torch.rand(tape.offset, generator=self.generator, device=self.device)
         elif tape.offset != used:
             raise RuntimeError(
                 f"compiled search: the selection rules drew {tape.offset} noise values where an earlier search "

@@ -578,10 +578,12 @@ def search(
       without capture (what the tests check). Same rules and same trees, except that tie-break
       noise is drawn for a fixed number of steps: where a rule ties exactly (UCT's unvisited
       children) the random choice can differ from the eager loop's.
-    compiled: on CPU, run the fixed-step loop through torch.compile (`mcts.runners.Compiled`):
+    compiled: run the fixed-step loop through torch.compile (`mcts.runners.Compiled`; C++ on
+      CPU, Triton kernels on CUDA, without CUDA graphs):
       whole iterations when the expand function is `graph_safe` and nothing widens, else the
-      selection and the backup with the expand function eagerly between them. Same rules and
-      the same tie-break noise; the fused arithmetic can round differently from ATen's in the
+      selection and the backup with the expand function eagerly between them. Same rules and,
+      on CPU, the same tie-break noise (on CUDA it is drawn in one flat call, other numbers, so
+      exact ties can break another way); the fused arithmetic can round differently from ATen's in the
       last bit, so a near-tied selection could go the other way (none did in
       benchmarks/probe_mcts_compiled.py), and the generated code depends on the CPU. Each new
       walk length and batch shape costs a compilation (then cached
@@ -608,8 +610,6 @@ def search(
             node_visits=torch.zeros((b, n), dtype=tree.node_values.dtype, device=tree.device),
             amount=virtual_loss,
         )
-    if compiled and tree.device.type != "cpu":
-        raise ValueError(f"compiled=True runs on CPU (CUDA has graphs=True); the tree is on {tree.device}")
     if graphs is None:
         graphs = tree.device.type == "cuda" and big_l == 1
     if graphs or compiled:
@@ -622,7 +622,7 @@ def search(
             ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn, generator=generator,
             replay=(
                 Compiled(generator, b, k, (n, rule_key(root_action_selection_fn), rule_key(interior_action_selection_fn)),
-                         rule_calls={"iterate": UNROLL, "select": 1, "backup": 0})
+                         rule_calls={"iterate": UNROLL, "select": 1, "backup": 0}, device=tree.device)
                 if compiled else CudaGraphs(generator) if tree.device.type == "cuda" else None
             ),
         )

@@ -532,6 +532,26 @@ def test_noise_tape_keeps_what_it_learnt_per_batch_shape(monkeypatch):
         assert torch.equal(fixed.search_tree.node_visits, taped.search_tree.node_visits)
 
 
+def test_compiled_search_names_a_compiler_failure(monkeypatch):
+    # Seen on CUDA: Triton failed to build the Gumbel search's fused kernel. The error names the
+    # way out, and the seeded generator is left where it was.
+    from torch._inductor.exc import InductorError
+
+    def broken(fn):
+        def run(*args):
+            raise InductorError(RuntimeError("PassManager::run failed"), None)
+        return run
+
+    monkeypatch.setattr(Compiled, "compiler", staticmethod(broken))
+    monkeypatch.setattr(Compiled, "entry", {})
+    env = SyntheticEnv(num_actions=5, depth=4, discount=0.97)
+    g = torch.Generator().manual_seed(3)
+    with pytest.raises(RuntimeError, match=r"could not build this search's iterate step on cpu \(RuntimeError: PassManager::run failed\); run it with compiled=False"):
+        mcts.search(init_tree(env.root(2), num_simulations=4), env.expand, root_action_selection_fn=mcts.puct_action_selection,
+                    interior_action_selection_fn=mcts.puct_action_selection, num_simulations=4, generator=g, compiled=True)
+    assert torch.equal(g.get_state(), torch.Generator().manual_seed(3).get_state())
+
+
 def test_noise_tape_hands_out_the_draws_made_one_by_one():
     g = torch.Generator().manual_seed(5)
     shapes = [(2, 3), (1, 3), (4, 3)]
@@ -567,6 +587,23 @@ def test_compiled_synthetic_env_and_whole_iterations_give_the_eager_results():
     whole = mcts.muzero_policy(env.root(8), env.expand, compiled=True, **kwargs)
     for name, t in fixed.search_tree.tensors().items():
         assert torch.equal(t, whole.search_tree.tensors()[name]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_cuda_search_gives_valid_seeded_trees():
+    """compiled=True on CUDA (Triton kernels): whole iterations of the graph-safe SyntheticEnv.expand,
+    one variant (max_depth fixes the walk length). Valid trees of the full budget, the same tree
+    on a second seeded search, and the root visits of the CUDA graphs' trees wherever no exact tie
+    broke another way (the tape's CUDA noise is other numbers than the eager draws)."""
+    env = SyntheticEnv(num_actions=8, depth=6, discount=0.97)
+    kwargs = {"num_simulations": 32, "max_depth": 4, "seed": 1, "device": "cuda"}
+    runs = [mcts.muzero_policy(env.root(16, device="cuda"), env.expand, compiled=True, **kwargs) for _ in range(2)]
+    check_invariants(runs[0].search_tree.to("cpu"), 32)
+    for name, t in runs[0].search_tree.tensors().items():
+        assert torch.equal(t, runs[1].search_tree.tensors()[name]), name
+    graphed = mcts.muzero_policy(env.root(16, device="cuda"), env.expand, **kwargs).search_tree
+    same = (graphed.children_visits[:, 0] == runs[0].search_tree.children_visits[:, 0]).all(-1)
+    assert int(same.sum()) >= 14, same
 
 
 @pytest.mark.slow
