@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 tasks, small budget (smoke run)")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--suite", action="append", help="suite (repeat); default arithmetic, units, shop, chains")
-    parser.add_argument("--tasks", type=int, default=32, help="train tasks per suite")
+    parser.add_argument("--tasks", type=int, default=32, help="tasks per suite (of --split)")
     parser.add_argument("--budget", type=int, default=600, help="generated tokens per task, every method")
     parser.add_argument("--sims", type=int, default=64, help="MCTS simulations per tree (the budget usually ends first)")
     parser.add_argument("--k", type=int, default=2, help="candidate actions per expansion (widening adds more); best-of-N wave size")
@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--max-depth", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", default="train", choices=["train", "heldout"],
+                        help="which split's tasks to search: heldout for a model trained on train tasks")
     parser.add_argument("--json", help="also write the results to this JSON file (after each suite)")
     parser.add_argument("--store", help="keep the runs' trajectory store in this folder (default: a temporary one), "
                                         "e.g. for docs/scripts/call_failures.py; each method's run id is printed (a rerun into the "
@@ -144,7 +146,7 @@ def main() -> None:
     methods += [f"mcts-{v}{g}" + (f"@L{n}" if n != 1 else "") for v in args.values.split(",") if v for g in greedy for n in leaves]
 
     base = load_config(
-        None, seed=args.seed, shard_size=args.tasks, policy__model=args.model, policy__device="cpu",
+        None, seed=args.seed, split=args.split, shard_size=args.tasks, policy__model=args.model, policy__device="cpu",
         policy__temperature=args.temperature, policy__max_new_tokens=args.max_new_tokens,
         search__algorithm=args.algorithm, search__num_simulations=args.sims, search__num_actions=args.k,
         search__max_generated_tokens=args.budget, search__trees_per_batch=min(args.tasks, args.batch),
@@ -157,7 +159,7 @@ def main() -> None:
     started = time.perf_counter()
     policy = policy_from_config(base.policy)
     print(f"model {policy.model_id} loaded in {time.perf_counter() - started:.1f} s; suites {', '.join(suites)}, "
-          f"{args.tasks} tasks each, {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, "
+          f"{args.tasks} {args.split} tasks each (seed {args.seed}), {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, "
           f"solved trees {args.solved}, temperature {args.temperature}, objective {args.objective}, "
           f"levels {args.level or 'all'}, widen_arguments {args.widen_arguments}, greedy candidate {args.greedy_candidate}",
           flush=True)
