@@ -107,6 +107,8 @@ def main() -> None:
                         help="MCTS search.objective: what trees back up and rollouts score")
     parser.add_argument("--widen-arguments", nargs="?", const=True, default=False, choices=[True, "schema"],
                         help="MCTS search.widen_arguments (variant rounds); '--widen-arguments schema' adds the schema edits")
+    parser.add_argument("--widen-tool-names", action="store_true",
+                        help="MCTS search.widen_tool_names: every other widening round forces the likeliest untried tool's name")
     parser.add_argument("--greedy-candidate", default="no", choices=["no", "yes", "both"],
                         help="MCTS search.greedy_candidate: the first of K candidates is the greedy decode "
                              "(both: each MCTS option without and with it; with it the method is named +greedy)")
@@ -151,7 +153,7 @@ def main() -> None:
         search__algorithm=args.algorithm, search__num_simulations=args.sims, search__num_actions=args.k,
         search__max_generated_tokens=args.budget, search__trees_per_batch=min(args.tasks, args.batch),
         search__solved_policy=args.solved, search__objective=args.objective,
-        search__widen_arguments=args.widen_arguments, levels=args.level,
+        search__widen_arguments=args.widen_arguments, search__widen_tool_names=args.widen_tool_names, levels=args.level,
         **({"search__pb_c_init": args.pb_c_init} if args.pb_c_init is not None else {}),
         search__max_depth=args.max_depth, env__max_steps=args.max_depth, generate__n=10_000,
         generate__value_model=args.value_model,
@@ -161,7 +163,7 @@ def main() -> None:
     print(f"model {policy.model_id} loaded in {time.perf_counter() - started:.1f} s; suites {', '.join(suites)}, "
           f"{args.tasks} {args.split} tasks each (seed {args.seed}), {args.budget} generated tokens per task, K={args.k}, {args.algorithm}, "
           f"solved trees {args.solved}, temperature {args.temperature}, objective {args.objective}, "
-          f"levels {args.level or 'all'}, widen_arguments {args.widen_arguments}, greedy candidate {args.greedy_candidate}",
+          f"levels {args.level or 'all'}, widen_arguments {args.widen_arguments}, widen_tool_names {args.widen_tool_names}, greedy candidate {args.greedy_candidate}",
           flush=True)
     results: dict[str, dict[str, dict]] = {}
     with contextlib.ExitStack() as stack:  # a temporary store only when --store is not given

@@ -88,6 +88,13 @@ class SearchConfig(Section):
         description="a widening round at a node whose candidates are all replies without a tool call (task with tools) "
         "samples after a forced '<tool_call>' tag, so the search tries acting where the policy only answers",
     )
+    widen_tool_names: bool = Field(
+        False,
+        description="widening rounds at a node of a task with tools alternate with tool-name rounds: candidates "
+        "sampled after a forced '<tool_call>{\"name\": \"T\", \"arguments\": ' for the offered tool T the policy "
+        "finds likeliest among those no candidate of the node calls yet (the policy writes the arguments), so the "
+        "search tries the real tools where the policy invents names or keeps calling the wrong one",
+    )
     widen_arguments: bool | Literal["schema"] = Field(
         False,
         description="widening rounds at a node with tool-call candidates alternate with rounds that add argument "

@@ -214,6 +214,64 @@ def test_tool_call_widening_opens_a_tool_call_where_every_candidate_answered(env
     assert not batch_success(off)
 
 
+class NamedToolPolicy(RulePolicy):
+    """RulePolicy that scores a forced call opening by the tool it names (`order`: likeliest first)."""
+
+    def __init__(self, reply, order: list[str]):
+        super().__init__(reply)
+        self.order = order
+        self.scored: list[str] = []
+
+    def score(self, convs, continuations, *, end_turn=True):
+        assert not end_turn
+        self.scored += list(continuations)
+        out = []
+        for text in continuations:
+            name = json.loads(text[len("<tool_call>") :] + "{}}")["name"]
+            lp = -1.0 - self.order.index(name)
+            out.append(Sample(text, (0,), (lp,), lp, 1, "length"))
+        return out
+
+
+def test_tool_name_widening_forces_the_likeliest_untried_tool_every_other_round(env, tasks):
+    """The policy invents a tool name unless one is forced, and writes the right operands after
+    any forced name: its likeliest tool (add) gives a wrong answer, multiply the right one. The
+    root's rounds force add, then sample freely, then force multiply (the likeliest tool no
+    candidate calls yet), and the search solves the task. Without widen_tool_names it never does."""
+    task = tasks[1]  # What is 4628 * 289? (one multiply)
+    a, b = task.gold.calls[0].arguments["a"], task.gold.calls[0].arguments["b"]
+
+    def reply(conv, seed, i, prefix):
+        if turn(conv) >= 1:  # answer with the tool's result
+            return conv.messages[-1].content.strip()
+        if prefix.startswith('<tool_call>{"name"'):
+            return json.dumps({"a": a, "b": b}) + "}</tool_call>"
+        return call("times", a, b)
+
+    def run(**overrides):
+        policy = NamedToolPolicy(reply, ["add", "multiply", "subtract", "divide"])
+        cfg = config(search__num_simulations=24, search__algorithm="puct", **overrides)
+        batch = search_batch([task], policy=policy, env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        return batch, policy
+
+    batch, policy = run(search__widen_tool_names=True)
+    root = batch.table[0]
+    tools = [rd.tool for rd in root.widen_rounds]
+    assert tools[:3] == ["add", "", "multiply"], tools
+    assert root.tool_names[:2] == ["add", "multiply"]
+    forced = [e for e in root.edges if e.forced]
+    assert forced[0].sample.text.startswith('<tool_call>{"name": "add", "arguments": {')
+    assert [c.name for e in forced for c in e.action.tool_calls][:2] == ["add", "multiply"]
+    assert batch_success(batch)
+    # Scored once per node ranked, one forced opening per offered tool; no tokens charged for it.
+    assert len(policy.scored) % len(task.tools) == 0
+    assert batch.counters.generated_tokens == TOKENS * sum(len(asked) and k for asked, k in policy.asked)
+
+    off, policy = run()
+    assert not any(rd.tool for rd in off.table[0].widen_rounds) and not policy.scored
+    assert not batch_success(off)
+
+
 def batch_success(batch) -> bool:
     return any(n.success for n in batch.table.nodes)
 

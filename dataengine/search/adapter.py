@@ -17,6 +17,7 @@ Three batch-level features (docs/search.md has the rules):
   expanded, no success below it) samples fresh candidates up to the cap k(N) = ceil(c N^alpha);
   where every candidate so far is a reply without a tool call, the fresh ones are sampled after
   a forced `<tool_call>` tag (`widen_tool_call`): resampling there mostly repeats the replies;
+  with `widen_tool_names` every other round forces the likeliest tool no candidate calls yet;
 - transpositions: a node whose state equals an earlier node of its tree (`transposition_key`)
   reuses that node's value estimate instead of estimating again;
 - solved_policy "stop": a tree with a verified success stops (ExpandOutput.stop) and its
@@ -29,6 +30,7 @@ max_actions with widening), W exhausted nodes per tree offered for widening.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -388,12 +390,14 @@ class LLMExpander:
         ranked: list[tuple[SearchNode, list]] = []
         if self.search.widen_arguments:
             picks = self._add_variants(picks, logits, widened, ranked)
-        groups: dict[tuple[int, str], list[tuple[int, int, SearchNode, int, int]]] = {}
+        if self.search.widen_tool_names:
+            self._rank_tool_names([node for _, _, node, _, _ in picks])
+        groups: dict[tuple[int, str, str], list[tuple[int, int, SearchNode, int, int]]] = {}
         for pick in picks:
             count = min(self.num_samples, pick[4] - len(pick[2].edges))
-            groups.setdefault((count, self._widen_prefix(pick[2])), []).append(pick)
-        for count, prefix in sorted(groups):
-            group = groups[count, prefix]
+            groups.setdefault((count, *self._widen_prefix(pick[2])), []).append(pick)
+        for count, prefix, tool in sorted(groups):
+            group = groups[count, prefix, tool]
             rounds = [len(node.widen_rounds) + 1 for _, _, node, _, _ in group]
             samples = self.policy.sample(
                 [Conversation(node.state.messages, node.state.task.tools) for _, _, node, _, _ in group],
@@ -411,7 +415,7 @@ class LLMExpander:
                 before = len(node.edges)
                 added = add_samples(node.edges, row, cap=cap, round=r, prior=self.prior, forced=bool(prefix))
                 node.widen_rounds.append(
-                    WidenRound(r, n, cap, len(node.children), before, len(node.edges), len(row), bool(prefix))
+                    WidenRound(r, n, cap, len(node.children), before, len(node.edges), len(row), bool(prefix), tool=tool)
                 )
                 self.counters.widen_rounds += 1
                 self.counters.widened_edges += len(added)
@@ -498,13 +502,47 @@ class LLMExpander:
             widened[i, j] = True
         return rest
 
-    def _widen_prefix(self, node: SearchNode) -> str:
-        """The tool-call tag when every candidate so far is a reply without a tool call and the
-        task has tools (`widen_tool_call`): sampling again from the same state would mostly
-        repeat those replies, so the new candidates must open a tool call. Else no prefix."""
-        if not self.search.widen_tool_call or not node.state.task.tools:
-            return ""
-        return "" if any(OPEN_TAG in e.sample.text for e in node.edges) else OPEN_TAG
+    def _widen_prefix(self, node: SearchNode) -> tuple[str, str]:
+        """(forced prefix, tool) of a node's sampled widening round.
+
+        A tool-name round (`widen_tool_names`, every other round): the call opened with the
+        name of the likeliest offered tool that no candidate of the node calls, the policy
+        writing the arguments; a small policy that invents tool names (`send_order`) or keeps
+        calling the wrong one rarely samples the right name, but writes its arguments once
+        the name is given. Else the tool-call tag when every candidate so far is a reply
+        without a tool call and the task has tools (`widen_tool_call`): sampling again from
+        the same state would mostly repeat those replies. Else no prefix."""
+        tools = node.state.task.tools
+        if not tools:
+            return "", ""
+        if self.search.widen_tool_names and not (node.widen_rounds and node.widen_rounds[-1].tool):
+            called = {c.name for e in node.edges for c in e.action.tool_calls}
+            untried = [name for name in node.tool_names or [] if name not in called]
+            if untried:
+                return tool_name_prefix(untried[0]), untried[0]
+        if not self.search.widen_tool_call:
+            return "", ""
+        return ("", "") if any(OPEN_TAG in e.sample.text for e in node.edges) else (OPEN_TAG, "")
+
+    def _rank_tool_names(self, nodes: list[SearchNode]) -> None:
+        """Order each node's offered tools by the policy's log-prob of the forced call opening
+        (one `policy.score` call for every node not ranked yet; scoring is prefill, no tokens
+        are generated or charged)."""
+        todo = [n for n in nodes if n.tool_names is None and n.state.task.tools]
+        pairs = [(n, t.name) for n in todo for t in n.state.task.tools]
+        if not pairs:
+            return
+        scored = self.policy.score(
+            [Conversation(n.state.messages, n.state.task.tools) for n, _ in pairs],
+            [tool_name_prefix(name) for _, name in pairs],
+            end_turn=False,
+        )
+        logprob: dict[int, list[tuple[float, str]]] = {}
+        for (node, name), sample in zip(pairs, scored):
+            logprob.setdefault(id(node), []).append((sample.logprob, name))
+        for node in todo:
+            # Likeliest first; sorted() is stable, so ties keep the task's tool order.
+            node.tool_names = [name for _, name in sorted(logprob[id(node)], key=lambda x: -x[0])]
 
     # ------------------------------------------------------------------ transpositions, solved trees
 
@@ -623,6 +661,11 @@ class LLMExpander:
         cap = self.search.process_reward_cap
         r, verdicts = self.reward.step_reward(node.state.task, node.state.steps[-1])
         return max(-cap, min(cap, r)) / self.search.max_depth, verdicts
+
+
+def tool_name_prefix(name: str) -> str:
+    """The opening of a call to tool `name`, as the worked examples write calls (`render_inline_calls`)."""
+    return f'{OPEN_TAG}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
 
 
 def _last_round_added_variants(node: SearchNode) -> bool:

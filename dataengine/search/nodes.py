@@ -61,6 +61,7 @@ class WidenRound:
     samples: fresh samples drawn (cap - edges_before, at most num_actions; 0 in a variant round).
     forced: the samples were drawn after a forced tool-call opening tag.
     variants: argument variants added instead of samples (a variant round).
+    tool: the tool whose name the samples were forced to call (a tool-name round), else "".
     """
 
     round: int
@@ -72,6 +73,7 @@ class WidenRound:
     samples: int
     forced: bool = False
     variants: int = 0
+    tool: str = ""
 
 
 @dataclass
@@ -96,6 +98,8 @@ class SearchNode:
     widen_rounds: the widening rounds done here (`WidenRound`, in order).
     variant_pool: argument variants of this node's edges, scored and not yet added (action
         key -> sample); variant_sources: keys of the edges whose variants are in the pool or added.
+    tool_names: the task's tools, likeliest first under the policy at this state (tool-name
+        rounds, `SearchConfig.widen_tool_names`); None until the first such round is due.
     """
 
     tree: int
@@ -116,6 +120,7 @@ class SearchNode:
     solved_below: bool = False
     widen_rounds: list[WidenRound] = field(default_factory=list)
     variant_pool: dict[str, Sample] = field(default_factory=dict)
+    tool_names: list[str] | None = None
     variant_sources: set[str] = field(default_factory=set)
 
     @property
