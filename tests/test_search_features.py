@@ -260,7 +260,7 @@ def test_tool_name_widening_forces_the_likeliest_untried_tool_every_other_round(
     assert tools[:3] == ["add", "", "multiply"], tools
     assert root.tool_names[:2] == ["add", "multiply"]
     forced = [e for e in root.edges if e.forced]
-    assert forced[0].sample.text.startswith('<tool_call>{"name": "add", "arguments": {')
+    assert forced[0].sample.text.startswith('<tool_call>{"name": "add", "arguments":{')
     assert [c.name for e in forced for c in e.action.tool_calls][:2] == ["add", "multiply"]
     assert batch_success(batch)
     # Scored once per node ranked, one forced opening per offered tool; no tokens charged for it.
@@ -493,7 +493,8 @@ def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
 @pytest.mark.parametrize(
     "field, value",
     [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
-     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", True)],
+     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", True),
+     ("widen_tool_names", True)],
 )
 def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
     base = EngineConfig()

@@ -664,8 +664,10 @@ class LLMExpander:
 
 
 def tool_name_prefix(name: str) -> str:
-    """The opening of a call to tool `name`, as the worked examples write calls (`render_inline_calls`)."""
-    return f'{OPEN_TAG}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+    """The opening of a call to tool `name`, as the worked examples write calls (`render_inline_calls`),
+    cut after `"arguments":`. Not after the space: SmolLM2's tokenizer writes ' {"' as one token, and a
+    forced lone space put the model off its usual text (it wrote `"arguments": 2` or a second space)."""
+    return f'{OPEN_TAG}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments":'
 
 
 def _last_round_added_variants(node: SearchNode) -> bool:
