@@ -365,11 +365,10 @@ def main() -> None:
                 fast, fast_visits = max(r[0] for r in runs), runs[0][1]
                 # Fused exp/log/sums round differently in the last bit: near ties can go the other way.
                 same = sum(torch.equal(x, y) for x, y in zip(fast_visits, visits))
+                ref = "graphs" if device.startswith("cuda") else "eager"  # the default path it is compared with
                 line += (
-                    f"\n{'  compiled (torch.compile)':34s}: {fast:>11,.0f} sim/s  x{fast / rate:5.2f} "
-                    f"{'graphs' if device.startswith('cuda') else 'eager'}"
-                    f"  (first search, compiling: {compile_seconds:.0f} s wall; root visits equal to "
-                    f"{'graphs' if device.startswith('cuda') else 'eager'} in {same}/{b} trees)"
+                    f"\n{'  compiled (torch.compile)':34s}: {fast:>11,.0f} sim/s  x{fast / rate:5.2f} {ref}"
+                    f"  (first search, compiling: {compile_seconds:.0f} s wall; root visits equal to {ref} in {same}/{b} trees)"
                 )
         peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats, device) if leaves == 1 else None
         if peer is not None:
