@@ -247,6 +247,9 @@ def gumbel_muzero_policy(
         widen_fn=widen_fn,
         graphs=graphs,
         compiled=compiled,
+        # Triton could not build (or took minutes over) the one fused kernel inductor makes of a
+        # whole Gumbel iteration on CUDA; fused groups of at most 8 nodes build (docs/mcts.md).
+        compile_options={"max_fusion_size": 8} if tree.device.type == "cuda" else None,
     )
     root_index = torch.full((tree.batch_size,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
     stats = node_stats(tree, root_index)

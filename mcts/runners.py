@@ -82,17 +82,27 @@ class Compiled:
     # limit (8 by default) dynamo would run eagerly, which rounds differently and so changes
     # the trees: allow more, and fail loudly instead of falling back.
     RECOMPILE_LIMIT = 256
+    # Inductor's options per device. On CPU its C++ wrapper, with stack allocation: otherwise
+    # the wrapper creates a heap tensor for each of the ~490 intermediate buffers of a whole
+    # Gumbel iteration on every call, which at B = 1 cost more than the arithmetic (docs/mcts.md).
+    # Inductor keeps buffers on the heap when they total over 100 KB (large B). It picks its C++
+    # wrapper class once per process, at the first CPU compile: if another compile came first
+    # with the option off, this one runs without it. A stack-allocated output is copied into a
+    # buffer the same compiled function reuses on its next call: the search uses each step's
+    # outputs before that. On CUDA its Python wrapper around the Triton kernels (the measured path).
+    options = {
+        "cpu": {"cpp_wrapper": True, "aot_inductor.allow_stack_allocation": True},
+        "cuda": {},
+    }
     # What compiles `fn`; the tests swap in the identity to check the tape against the eager loop.
-    compiler = staticmethod(functools.partial(torch.compile, dynamic=False, options={"cpp_wrapper": True}))
-    # On CUDA inductor's default Python wrapper around the Triton kernels (the measured path, docs/mcts.md).
-    cuda_compiler = staticmethod(functools.partial(torch.compile, dynamic=False))
+    compiler = staticmethod(lambda fn, options: torch.compile(fn, dynamic=False, options=options))
     # (signature, name, fn's code, steps) -> noise values one call takes, for the whole process.
     used: dict[tuple[Any, ...], int] = {}
     entry: dict[Any, Callable[..., Any]] = {}
 
     def __init__(
         self, generator: torch.Generator | None, batch_size: int, num_actions: int, signature: Any,
-        rule_calls: dict[str, int], device: torch.device = torch.device("cpu"),
+        rule_calls: dict[str, int], device: torch.device = torch.device("cpu"), extra_options: dict[str, Any] | None = None,
     ):
         if generator is None:
             generator = torch.cuda.default_generators[device.index or 0] if device.type == "cuda" else torch.default_generator
@@ -101,6 +111,12 @@ class Compiled:
         self.rule_calls = rule_calls
         self.draw = batch_size * num_actions
         self.signature = (batch_size, num_actions, signature)
+        self.compile_options = {**self.options.get(device.type, {}), **(extra_options or {})}
+
+    def settings(self) -> Any:
+        """Dynamo's settings, entered once per search: patched per call they cost tens of
+        microseconds a call (cProfile, B = 1), a visible share of a compiled step there."""
+        return torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True)
 
     def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
         room = self.rule_calls[name] * steps * self.draw
@@ -113,23 +129,22 @@ class Compiled:
         tape = NoiseTape(noise=noise)
         # One compiled entry point for every search: dynamo keys its code on fn's code, so a new
         # search's closure reuses the compiled variants (torch.compile per search costs ~1.6 ms).
-        compiler = self.cuda_compiler if self.device.type == "cuda" else self.compiler
-        compiled = self.entry.get(compiler)
+        options = tuple(sorted(self.compile_options.items()))
+        compiled = self.entry.get((self.compiler, options))
         if compiled is None:
-            compiled = self.entry[compiler] = compiler(_call)
-        with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
-            try:
-                out = compiled(fn, steps, tape)
-            except InductorError as e:
-                # Seen on CUDA: Triton failed to build the Gumbel search's fused kernel (torch 2.11).
-                if state is not None:
-                    self.generator.set_state(state)
-                reason = str(e).strip().splitlines()[-1][:300]
-                raise RuntimeError(
-                    f"compiled=True: torch.compile could not build this search's {name} step on {self.device.type} "
-                    f"({reason}); run it with compiled=False"
-                    + (" (CUDA graphs)" if self.device.type == "cuda" else "")
-                ) from e
+            compiled = self.entry[self.compiler, options] = self.compiler(_call, dict(options))
+        try:
+            out = compiled(fn, steps, tape)
+        except InductorError as e:
+            # Seen on CUDA: Triton failed to build the Gumbel search's fused kernel (torch 2.11).
+            if state is not None:
+                self.generator.set_state(state)
+            reason = str(e).strip().splitlines()[-1][:300]
+            raise RuntimeError(
+                f"compiled=True: torch.compile could not build this search's {name} step on {self.device.type} "
+                f"({reason}); run it with compiled=False"
+                + (" (CUDA graphs)" if self.device.type == "cuda" else "")
+            ) from e
         if state is not None:
             # Move the generator on by what the call took, not by the room it was given.
             self.used[key] = tape.offset

@@ -6,6 +6,7 @@ never over trees.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -552,6 +553,7 @@ def search(
     widen_fn: WidenFn | None = None,
     graphs: bool | None = None,
     compiled: bool = False,
+    compile_options: dict[str, Any] | None = None,
 ) -> Tree:
     """Run `num_simulations` more simulations in every tree; returns the (possibly grown) tree.
 
@@ -588,6 +590,8 @@ def search(
       benchmarks/probe_mcts_compiled.py), and the generated code depends on the CPU. Each new
       walk length and batch shape costs a compilation (then cached
       on disk), so it pays on long or repeated searches. Needs L = 1.
+    compile_options: inductor options added to `Compiled.options` for compiled=True
+      (gumbel_muzero_policy passes `max_fusion_size=8` on CUDA, docs/mcts.md).
     """
     if widen_fn is None:
         widen_fn = getattr(expand_fn, "widen", None)
@@ -615,17 +619,20 @@ def search(
     if graphs or compiled:
         if big_l != 1:
             raise ValueError(f"graphs=True and compiled=True need leaves_per_iteration=1, got {big_l}")
-        _search_static(
-            tree, expand_fn, select=functools.partial(
-                select_path, root_action_selection_fn=root_action_selection_fn,
-                interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth,
-            ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn, generator=generator,
-            replay=(
-                Compiled(generator, b, k, (n, rule_key(root_action_selection_fn), rule_key(interior_action_selection_fn)),
-                         rule_calls={"iterate": UNROLL, "select": 1, "backup": 0}, device=tree.device)
-                if compiled else CudaGraphs(generator) if tree.device.type == "cuda" else None
-            ),
+        replay = (
+            Compiled(generator, b, k, (n, rule_key(root_action_selection_fn), rule_key(interior_action_selection_fn)),
+                     rule_calls={"iterate": UNROLL, "select": 1, "backup": 0}, device=tree.device,
+                     extra_options=compile_options)
+            if compiled else CudaGraphs(generator) if tree.device.type == "cuda" else None
         )
+        with replay.settings() if isinstance(replay, Compiled) else contextlib.nullcontext():
+            _search_static(
+                tree, expand_fn, select=functools.partial(
+                    select_path, root_action_selection_fn=root_action_selection_fn,
+                    interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth,
+                ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn, generator=generator,
+                replay=replay,
+            )
         return tree
     while not bool(done.all()):
         sims = tree.num_simulations

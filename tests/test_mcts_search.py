@@ -508,7 +508,7 @@ def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
     compiles (graphs=True on CPU with the expand function between graphs, itself equal to the
     eager loop's trees) bit for bit, and leave the generator where that loop does (the policy's
     action is drawn from it after the search)."""
-    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn: fn))
+    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn, options: fn))
     env = SyntheticEnv(num_actions=6, depth=5, discount=0.97, invalid_fraction=0.3)
     expand = {"stop": stopping_expand(env), "not_graph_safe": lambda p, a, v: env.expand(p, a, v)}.get(case, env.expand)
     kwargs = {"max_depth": {"max_depth": 3}, "seed": {"seed": 3}}.get(case, {})
@@ -524,7 +524,7 @@ def test_noise_tape_gives_the_eager_trees(policy, case, monkeypatch):
 def test_noise_tape_keeps_what_it_learnt_per_batch_shape(monkeypatch):
     # The noise a compiled call takes is learnt once per kind of search: another batch size
     # is another kind (a shared record once made the second search fail).
-    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn: fn))
+    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn, options: fn))
     env = SyntheticEnv(num_actions=5, depth=4, discount=0.97)
     for b in (2, 5, 2):
         fixed = mcts.muzero_policy(env.root(b), env.expand, num_simulations=12, graphs=True, seed=b)
@@ -537,7 +537,7 @@ def test_compiled_search_names_a_compiler_failure(monkeypatch):
     # way out, and the seeded generator is left where it was.
     from torch._inductor.exc import InductorError
 
-    def broken(fn):
+    def broken(fn, options):
         def run(*args):
             raise InductorError(RuntimeError("PassManager::run failed"), None)
         return run
@@ -550,6 +550,20 @@ def test_compiled_search_names_a_compiler_failure(monkeypatch):
         mcts.search(init_tree(env.root(2), num_simulations=4), env.expand, root_action_selection_fn=mcts.puct_action_selection,
                     interior_action_selection_fn=mcts.puct_action_selection, num_simulations=4, generator=g, compiled=True)
     assert torch.equal(g.get_state(), torch.Generator().manual_seed(3).get_state())
+
+
+def test_compile_options_reach_the_compiler(monkeypatch):
+    # A search's compile_options are added to the device's options (gumbel_muzero_policy
+    # passes max_fusion_size on CUDA); each set of options is its own compiled entry point.
+    seen = []
+    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn, options: seen.append(options) or fn))
+    monkeypatch.setattr(Compiled, "entry", {})
+    env = SyntheticEnv(num_actions=5, depth=4, discount=0.97)
+    for extra in ({"max_fusion_size": 8}, None, {"max_fusion_size": 8}):
+        mcts.search(init_tree(env.root(2), num_simulations=4), env.expand, root_action_selection_fn=mcts.puct_action_selection,
+                    interior_action_selection_fn=mcts.puct_action_selection, num_simulations=4, compiled=True,
+                    compile_options=extra)
+    assert seen == [{**Compiled.options["cpu"], "max_fusion_size": 8}, Compiled.options["cpu"]]
 
 
 def test_noise_tape_hands_out_the_draws_made_one_by_one():
@@ -590,18 +604,20 @@ def test_compiled_synthetic_env_and_whole_iterations_give_the_eager_results():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_cuda_search_gives_valid_seeded_trees():
+@pytest.mark.parametrize("policy", [mcts.muzero_policy, mcts.gumbel_muzero_policy])
+def test_compiled_cuda_search_gives_valid_seeded_trees(policy):
     """compiled=True on CUDA (Triton kernels): whole iterations of the graph-safe SyntheticEnv.expand,
     one variant (max_depth fixes the walk length). Valid trees of the full budget, the same tree
     on a second seeded search, and the root visits of the CUDA graphs' trees wherever no exact tie
-    broke another way (the tape's CUDA noise is other numbers than the eager draws)."""
+    broke another way (the tape's CUDA noise is other numbers than the eager draws). Gumbel's
+    iteration builds with smaller fused kernels (max_fusion_size=8)."""
     env = SyntheticEnv(num_actions=8, depth=6, discount=0.97)
     kwargs = {"num_simulations": 32, "max_depth": 4, "seed": 1, "device": "cuda"}
-    runs = [mcts.muzero_policy(env.root(16, device="cuda"), env.expand, compiled=True, **kwargs) for _ in range(2)]
+    runs = [policy(env.root(16, device="cuda"), env.expand, compiled=True, **kwargs) for _ in range(2)]
     check_invariants(runs[0].search_tree.to("cpu"), 32)
     for name, t in runs[0].search_tree.tensors().items():
         assert torch.equal(t, runs[1].search_tree.tensors()[name]), name
-    graphed = mcts.muzero_policy(env.root(16, device="cuda"), env.expand, **kwargs).search_tree
+    graphed = policy(env.root(16, device="cuda"), env.expand, **kwargs).search_tree
     same = (graphed.children_visits[:, 0] == runs[0].search_tree.children_visits[:, 0]).all(-1)
     assert int(same.sum()) >= 14, same
 
