@@ -111,7 +111,10 @@ class Compiled:
         self.rule_calls = rule_calls
         self.draw = batch_size * num_actions
         self.signature = (batch_size, num_actions, signature)
-        self.compile_options = {**self.options.get(device.type, {}), **(extra_options or {})}
+        self.compile_options = tuple(sorted({**self.options.get(device.type, {}), **(extra_options or {})}.items()))
+        # The noise a learnt call is handed, per (name, steps): filled in place each call
+        # (zeros past what the call takes), rather than drawn and padded into a new tensor.
+        self.tapes: dict[tuple[str, int], torch.Tensor] = {}
 
     def settings(self) -> Any:
         """Dynamo's settings, entered once per search: patched per call they cost tens of
@@ -123,16 +126,20 @@ class Compiled:
         key = (self.signature, name, fn.__code__, steps)
         used = self.used.get(key)
         state = self.generator.get_state() if used is None else None
-        noise = torch.rand(room if used is None else used, generator=self.generator, device=self.device)
-        if noise.numel() < room:
-            noise = torch.cat([noise, noise.new_zeros(room - noise.numel())])
+        if used is None:
+            noise = torch.rand(room, generator=self.generator, device=self.device)
+        else:
+            noise = self.tapes.get((name, steps))
+            if noise is None:
+                noise = self.tapes[name, steps] = torch.zeros(room, device=self.device)
+            if used:
+                torch.rand(used, generator=self.generator, device=self.device, out=noise[:used])
         tape = NoiseTape(noise=noise)
         # One compiled entry point for every search: dynamo keys its code on fn's code, so a new
         # search's closure reuses the compiled variants (torch.compile per search costs ~1.6 ms).
-        options = tuple(sorted(self.compile_options.items()))
-        compiled = self.entry.get((self.compiler, options))
+        compiled = self.entry.get((self.compiler, self.compile_options))
         if compiled is None:
-            compiled = self.entry[self.compiler, options] = self.compiler(_call, dict(options))
+            compiled = self.entry[self.compiler, self.compile_options] = self.compiler(_call, dict(self.compile_options))
         try:
             out = compiled(fn, steps, tape)
         except InductorError as e:
