@@ -160,9 +160,9 @@ def batched(
     env: SyntheticEnv, policy, b: int, num_simulations: int, leaves: int, device: str, graphs: bool | None = None,
     split: bool = False,
     compiled: bool = False,
-) -> tuple[float, torch.Tensor, float]:
-    """(simulations/s, `[B, K]` root visit counts, warm-up seconds) of one batched search of b
-    trees (after a warm-up, untimed in the rate).
+) -> tuple[float, torch.Tensor, float, float]:
+    """(simulations/s, `[B, K]` root visit counts, warm-up seconds, mean node depth) of one
+    batched search of b trees (after a warm-up, untimed in the rate).
 
     graphs: mcts.search's CUDA graphs (default: on for CUDA with L = 1); each search captures its
     own graphs, and that capture is inside the timed call. The environment's expand is graph-safe,
@@ -188,12 +188,18 @@ def batched(
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = clock() - start
-    assert int(out.search_tree.num_simulations.min()) == num_simulations
-    return b * num_simulations / elapsed, out.search_tree.children_visits[:, 0].cpu(), warm_seconds
+    tree = out.search_tree
+    assert int(tree.num_simulations.min()) == num_simulations
+    made = torch.arange(tree.max_nodes, device=tree.device) < tree.num_nodes.unsqueeze(-1)
+    depth = float(tree.depth[made].float().mean())
+    return b * num_simulations / elapsed, tree.children_visits[:, 0].cpu(), warm_seconds, depth
 
 
-def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, repeats: int, device: str) -> float | None:
-    """Best of `repeats` simulations/s of DeepMind's mctx (JAX, jit) on the same environment, or None without mctx.
+def mctx_rate(
+    env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, repeats: int, device: str,
+) -> tuple[float, float] | None:
+    """(best of `repeats` simulations/s, mean node depth of its trees) of DeepMind's mctx (JAX,
+    jit) on the same environment, or None without mctx.
 
     JAX runs on the same kind of device as ours (its GPU for cuda, else its CPU), timed by the same clock.
     The environment is SyntheticEnv's hash written in jax.numpy (int64, so x64 is switched on);
@@ -271,7 +277,9 @@ def mctx_rate(env: SyntheticEnv, b: int, num_simulations: int, gumbel: bool, rep
             out = jax.block_until_ready(run(root, key))
         best = max(best, calls * b * num_simulations / (clock() - start))
     assert out.action.shape == (b,)
-    return best
+    # Every simulation adds a node (mctx has no terminal nodes); the handle holds the depth.
+    depth = float(jnp.mean(out.search_tree.embeddings >> _DEPTH_SHIFT))
+    return best, depth
 
 
 def ops_per_step(env: SyntheticEnv, b: int, num_simulations: int) -> float:
@@ -323,6 +331,9 @@ def main() -> None:
                              "hosts: JAX's helper threads add CPU time that is not search work)")
     parser.add_argument("--sizes", help="comma-separated batch sizes B (default 1,64,1024; --quick 1,8,64); "
                         "the L = 4 and Gumbel lines use the largest")
+    parser.add_argument("--depth", type=int, default=6,
+                        help="the environment's terminal depth (mctx has no terminal nodes: at 6 its PUCT trees grow "
+                             "deeper than ours; 64 keeps both free of terminals within 64 simulations)")
     args = parser.parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     global CLOCK
@@ -330,7 +341,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sims = args.simulations or (16 if args.quick else 64)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [1, 8, 64] if args.quick else [1, 64, 1024]
-    env = SyntheticEnv(num_actions=8, depth=6, discount=0.97)
+    env = SyntheticEnv(num_actions=8, depth=args.depth, discount=0.97)
     check_same_environment(env)
     runs = [python_baseline(env, 4 if args.quick else 16, sims) for _ in range(args.repeats)]
     base_rate, base_visits = max(r[0] for r in runs), runs[0][1]
@@ -341,7 +352,7 @@ def main() -> None:
     configs += [(mcts.muzero_policy, sizes[-1], 4), (mcts.gumbel_muzero_policy, sizes[-1], 1)]
     for policy, b, leaves in configs:
         runs = [batched(env, policy, b, sims, leaves, device) for _ in range(args.repeats)]
-        rate, visits = max(r[0] for r in runs), runs[0][1]
+        rate, visits, depth = max(r[0] for r in runs), runs[0][1], runs[0][3]
         line = f"{policy.__name__:22s} B={b:5d} L={leaves}: {rate:>11,.0f} sim/s  x{rate / base_rate:6.2f} vs baseline"
         if policy is mcts.muzero_policy and leaves == 1:
             # Same algorithm, same trees: the root visit counts must match the baseline's.
@@ -372,9 +383,12 @@ def main() -> None:
                 )
         peer = mctx_rate(env, b, sims, policy is mcts.gumbel_muzero_policy, args.repeats, device) if leaves == 1 else None
         if peer is not None:
+            peer, peer_depth = peer
             line += f"\n{'  mctx (JAX jit), same B':34s}: {peer:>11,.0f} sim/s  ours/mctx x{rate / peer:5.2f}"
             if fast is not None:
                 line += f"  compiled/mctx x{fast / peer:5.2f}"
+            # The trees' shapes differ (mctx has no terminal nodes): the walks' lengths with them.
+            line += f"\n{'  mean node depth':34s}: ours {depth:.2f}, mctx {peer_depth:.2f}"
         print(line)
     counts = ", ".join(f"B={b}: {ops_per_step(env, b, sims):.0f}" for b in sizes[:2])
     print(f"ATen ops per simulation step (muzero_policy, environment included): {counts}")
