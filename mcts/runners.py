@@ -117,8 +117,8 @@ class Compiled:
         self.tapes: dict[tuple[str, int], torch.Tensor] = {}
 
     def settings(self) -> Any:
-        """Dynamo's settings, entered once per search: patched per call they cost tens of
-        microseconds a call (cProfile, B = 1), a visible share of a compiled step there."""
+        """Dynamo's settings, entered once per search: patched around every call they were a
+        visible share of a compiled step at B = 1 (cProfile)."""
         return torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True)
 
     def __call__(self, name: str, fn: Callable[[int, Any], Any], steps: int) -> Any:
