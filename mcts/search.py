@@ -7,6 +7,7 @@ never over trees.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -193,6 +194,44 @@ def _stats_at(tree: Tree, flat: torch.Tensor, virtual_loss: VirtualLoss | None) 
     )
 
 
+@dataclass
+class Walk:
+    """select_path's loop state, `[B]` each, so that a long walk can run as fixed-length pieces
+    (`_search_static` compiles one piece rather than one graph per walk length).
+
+    node: where each walk stands; running: still walking; parent, action: the last step taken;
+    leaf: the existing leaf a REVISIT walk ended on; dropped, new, revisit: how walks ended.
+    """
+
+    node: torch.Tensor
+    running: torch.Tensor
+    parent: torch.Tensor
+    action: torch.Tensor
+    leaf: torch.Tensor
+    dropped: torch.Tensor
+    new: torch.Tensor
+    revisit: torch.Tensor
+
+    @classmethod
+    def start(cls, tree: Tree, active: torch.Tensor) -> Walk:
+        """Every active tree at its root (unless the root is terminal)."""
+        node = torch.full((tree.batch_size,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
+        running = active & ~tree.terminal[:, ROOT_INDEX]
+        return cls(node, running, node.clone(), torch.zeros_like(node), torch.full_like(node, UNVISITED),
+                   *(torch.zeros_like(running) for _ in range(3)))
+
+    def path(self, nodes: list[torch.Tensor], actions: list[torch.Tensor], masks: list[torch.Tensor]) -> SelectedPath:
+        """The SelectedPath of a finished walk whose steps were `nodes`, `actions`, `masks`."""
+        b = self.node.shape[0]
+        inactive = torch.full_like(self.node, INACTIVE)
+        status = torch.where(self.new, NEW, torch.where(self.revisit, REVISIT, torch.where(self.dropped, DROPPED, inactive)))
+        if not nodes:
+            empty = torch.zeros((b, 0), dtype=torch.int64, device=self.node.device)
+            return SelectedPath(status, self.parent, self.action, self.leaf, empty, empty, empty.bool())
+        return SelectedPath(status, self.parent, self.action, self.leaf,
+                            torch.stack(nodes, 1), torch.stack(actions, 1), torch.stack(masks, 1))
+
+
 def select_path(
     tree: Tree,
     *,
@@ -213,33 +252,49 @@ def select_path(
       + 1) instead of stopping when every walk has ended, which asks the device each step. The
       extra steps change nothing but draw tie-break noise.
     """
-    b, k = tree.batch_size, tree.num_actions
+    walk = Walk.start(tree, active)
+    steps_taken = walk_steps(
+        tree, walk, root_action_selection_fn=root_action_selection_fn,
+        interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth,
+        generator=generator, virtual_loss=virtual_loss, steps=steps,
+    )
+    return walk.path(*steps_taken)
+
+
+def walk_steps(
+    tree: Tree,
+    walk: Walk,
+    *,
+    root_action_selection_fn: ActionSelectionFn,
+    interior_action_selection_fn: ActionSelectionFn,
+    max_depth: int | None = None,
+    generator: torch.Generator | None = None,
+    virtual_loss: VirtualLoss | None = None,
+    steps: int | None = None,
+    at_root: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Move `walk` on by `steps` steps (None: until every walk has ended), in place; the first
+    step uses the root rule when `at_root`. Returns each step's nodes, actions and masks."""
+    k = tree.num_actions
     offsets = _row_offsets(tree)
-    node = torch.full((b,), ROOT_INDEX, dtype=torch.int64, device=tree.device)
-    status = torch.full((b,), INACTIVE, dtype=torch.int64, device=tree.device)
-    parent = node.clone()
-    action = torch.zeros_like(node)
-    leaf = torch.full_like(node, UNVISITED)
-    running = active & ~tree.terminal[:, ROOT_INDEX]
     nodes, actions, masks = [], [], []
-    # Where each tree's walk ended, accumulated per depth and turned into `status` once.
-    dropped, new, revisit = (torch.zeros_like(running) for _ in range(3))
     depth = 0
-    while (depth < steps) if steps is not None else bool(running.any()):
+    while (depth < steps) if steps is not None else bool(walk.running.any()):
+        running, node = walk.running, walk.node
         flat = offsets + node
         stats = _stats_at(tree, flat, virtual_loss)
-        select = root_action_selection_fn if depth == 0 else interior_action_selection_fn
+        select = root_action_selection_fn if depth == 0 and at_root else interior_action_selection_fn
         chosen = select(stats, generator)
         # Every action of the node is invalid or pending: nothing is left to select here.
         stuck = running & stats.invalid.all(-1)
-        dropped |= stuck
+        walk.dropped = walk.dropped | stuck
         running = running ^ stuck  # stuck is a subset of running: this removes it
         child = torch.take(tree.children_index, flat * k + chosen)
         nodes.append(node)
         actions.append(chosen)
         masks.append(running)
-        parent = torch.where(running, node, parent)
-        action = torch.where(running, chosen, action)
+        walk.parent = torch.where(running, node, walk.parent)
+        walk.action = torch.where(running, chosen, walk.action)
         unexpanded = child == UNVISITED
         child_flat = offsets + child.clamp_min(0)
         at_leaf = _take(tree, "terminal", child_flat)
@@ -248,25 +303,13 @@ def select_path(
         ended = running & (unexpanded | at_leaf)
         is_new = ended & unexpanded
         is_revisit = ended ^ is_new
-        new |= is_new
-        revisit |= is_revisit
-        leaf = torch.where(is_revisit, child, leaf)
-        running = running ^ ended
-        node = torch.where(running, child, node)
+        walk.new = walk.new | is_new
+        walk.revisit = walk.revisit | is_revisit
+        walk.leaf = torch.where(is_revisit, child, walk.leaf)
+        walk.running = running ^ ended
+        walk.node = torch.where(walk.running, child, node)
         depth += 1
-    status = torch.where(new, NEW, torch.where(revisit, REVISIT, torch.where(dropped, DROPPED, status)))
-    if not nodes:
-        empty = torch.zeros((b, 0), dtype=torch.int64, device=tree.device)
-        return SelectedPath(status, parent, action, leaf, empty, empty, empty.bool())
-    return SelectedPath(
-        status=status,
-        parent=parent,
-        action=action,
-        leaf=leaf,
-        path_nodes=torch.stack(nodes, 1),
-        path_actions=torch.stack(actions, 1),
-        path_mask=torch.stack(masks, 1),
-    )
+    return nodes, actions, masks
 
 
 def add_virtual_loss(virtual_loss: VirtualLoss, path: SelectedPath) -> None:
@@ -298,10 +341,23 @@ def backup(tree: Tree, leaf_index: torch.Tensor, active: torch.Tensor, steps: in
     steps: climb exactly this many levels (at least the deepest leaf's depth) instead of asking
       the device at each level whether a path is still climbing; extra levels change nothing.
     """
+    climb(tree, *start_climb(tree, leaf_index, active), steps)
+
+
+def start_climb(tree: Tree, leaf_index: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """backup()'s loop state before its first level, `[B]` each: the node each tree's value
+    stands at, that value, and whether the tree still climbs."""
     rows = torch.arange(tree.batch_size, device=tree.device)
     index = torch.where(active, leaf_index, ROOT_INDEX)
-    value = tree.node_values[rows, index]
-    running = active & (index != ROOT_INDEX)
+    return index, tree.node_values[rows, index], active & (index != ROOT_INDEX)
+
+
+def climb(
+    tree: Tree, index: torch.Tensor, value: torch.Tensor, running: torch.Tensor, steps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """backup()'s levels from the state start_climb (or an earlier climb) gave, in place: `steps`
+    levels, or None until every tree is at its root. Returns the state after them."""
+    rows = torch.arange(tree.batch_size, device=tree.device)
     level = 0
     while (level < steps) if steps is not None else bool(running.any()):
         level += 1
@@ -322,6 +378,7 @@ def backup(tree: Tree, leaf_index: torch.Tensor, active: torch.Tensor, steps: in
         tree.children_visits[rows, parent, act] = tree.children_visits[rows, parent, act] + running.long()
         index = torch.where(running, parent, index)
         running = running & (index != ROOT_INDEX)
+    return index, value, running
 
 
 def backup_path(tree: Tree, path: SelectedPath, leaf_index: torch.Tensor, active: torch.Tensor) -> None:
@@ -621,14 +678,15 @@ def search(
             raise ValueError(f"graphs=True and compiled=True need leaves_per_iteration=1, got {big_l}")
         replay = (
             Compiled(generator, b, k, (n, rule_key(root_action_selection_fn), rule_key(interior_action_selection_fn)),
-                     rule_calls={"iterate": UNROLL, "select": 1, "backup": 0}, device=tree.device,
+                     rule_calls={"iterate": UNROLL, "select": 1, "backup": 0, "walk_first": 1, "walk_more": 1,
+                                 "climb_first": 0, "climb_more": 0}, device=tree.device,
                      extra_options=compile_options)
             if compiled else CudaGraphs(generator) if tree.device.type == "cuda" else None
         )
         with replay.settings() if isinstance(replay, Compiled) else contextlib.nullcontext():
             _search_static(
-                tree, expand_fn, select=functools.partial(
-                    select_path, root_action_selection_fn=root_action_selection_fn,
+                tree, expand_fn, walk_fn=functools.partial(
+                    walk_steps, root_action_selection_fn=root_action_selection_fn,
                     interior_action_selection_fn=interior_action_selection_fn, max_depth=max_depth,
                 ), done=done, target=target, max_depth=max_depth, widen_fn=widen_fn, generator=generator,
                 replay=replay,
@@ -704,6 +762,11 @@ def _widen_on_paths(tree: Tree, widen_fn: WidenFn, paths: list[SelectedPath], do
 
 STEP_BUCKET = 4  # walk lengths are rounded up to a multiple of this: fewer graphs to capture
 UNROLL = 2  # iterations per graph when the expand function is graph-safe
+# Walks and climbs longer than LONG_WALK steps run as repeated pieces of PIECE steps, asking the
+# host after each whether one is still going: one graph per walk length, unrolled, took longer
+# to compile than to search on deep trees (docs/mcts.md).
+LONG_WALK = 16
+PIECE = 8
 
 
 def round_up(n: int, m: int) -> int:
@@ -714,7 +777,7 @@ def _search_static(
     tree: Tree,
     expand_fn: ExpandFn,
     *,
-    select: Callable[..., SelectedPath],
+    walk_fn: Callable[..., tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]],
     done: torch.Tensor,
     target: torch.Tensor,
     max_depth: int | None,
@@ -727,7 +790,8 @@ def _search_static(
     rounded up to STEP_BUCKET and capped by max_depth), so each is one graph per walk length.
     Between them the expand function and widening run eagerly; when the expand function is
     marked `graph_safe` and nothing widens, UNROLL whole iterations (select, expand, backup)
-    are one graph. replay None runs the same steps eagerly (CPU)."""
+    are one graph. Past LONG_WALK steps the selection and the backup run in pieces (walk_fn is
+    walk_steps with the rules bound). replay None runs the same steps eagerly (CPU)."""
     b, n = tree.batch_size, tree.max_nodes
     rows = torch.arange(b, device=tree.device)
     # What the backup reads: copied here by the selection, by the caller from the expansion.
@@ -735,26 +799,78 @@ def _search_static(
     stopped = torch.zeros(b, dtype=torch.bool, device=tree.device)
     old_leaf = torch.full((b,), UNVISITED, dtype=torch.int64, device=tree.device)
     new, revisit = torch.zeros_like(stopped), torch.zeros_like(stopped)
+    # A walk or a climb in pieces keeps its state here between calls.
+    walk_state = Walk.start(tree, stopped)
+    climb_state = (old_leaf.clone(), torch.zeros(b, dtype=tree.node_values.dtype, device=tree.device), stopped.clone())
+
+    def settle(walk: Walk) -> tuple[torch.Tensor, torch.Tensor]:
+        is_new = walk.new & (tree.num_nodes < n)
+        done.logical_or_(~(is_new | walk.revisit))  # nothing selectable: the tree is full
+        old_leaf.copy_(walk.leaf)
+        new.copy_(is_new)
+        revisit.copy_(walk.revisit)
+        return is_new, walk.revisit
 
     def choose(steps: int, gen: Any) -> tuple[SelectedPath, torch.Tensor, torch.Tensor]:
-        path = select(tree, active=~done & (tree.num_simulations < target), steps=steps, generator=gen)
-        is_new = (path.status == NEW) & (tree.num_nodes < n)
-        is_revisit = path.status == REVISIT
-        done.logical_or_(~(is_new | is_revisit))  # nothing selectable: the tree is full
-        old_leaf.copy_(path.leaf)
-        new.copy_(is_new)
-        revisit.copy_(is_revisit)
-        return path, is_new, is_revisit
+        walk = Walk.start(tree, ~done & (tree.num_simulations < target))
+        path = walk.path(*walk_fn(tree, walk, steps=steps, generator=gen))
+        return (path, *settle(walk))
 
-    def back_up(steps: int, gen: Any = None) -> None:
+    def walk_piece(steps: int, gen: Any, first: bool = False) -> tuple[torch.Tensor, ...]:
+        walk = Walk.start(tree, ~done & (tree.num_simulations < target)) if first else dataclasses.replace(walk_state)
+        nodes, actions, masks = walk_fn(tree, walk, steps=steps, generator=gen, at_root=first)
+        for field in dataclasses.fields(Walk):
+            getattr(walk_state, field.name).copy_(getattr(walk, field.name))
+        return torch.stack(nodes, 1), torch.stack(actions, 1), torch.stack(masks, 1), walk.running.any()
+
+    def walk_first(steps: int, gen: Any) -> tuple[torch.Tensor, ...]:
+        return walk_piece(steps, gen, first=True)
+
+    def walk_in_pieces() -> tuple[SelectedPath, torch.Tensor, torch.Tensor]:
+        pieces, going, name = [], True, "walk_first"
+        while going:
+            # Cloned: a graph's outputs are overwritten by its next replay.
+            *piece, going = (t.clone() for t in run(name, walk_first if name == "walk_first" else walk_piece, PIECE))
+            pieces.append(piece)
+            going, name = bool(going), "walk_more"
+        path = walk_state.path(*(list(torch.cat(part, 1).unbind(1)) for part in zip(*pieces)))
+        return (path, *settle(walk_state))
+
+    def leaf_visits() -> torch.Tensor:
+        """Each tree's leaf, after counting a visit to a revisited one."""
         leaf = torch.where(new, new_index[:, 0], old_leaf)
         safe = leaf.clamp_min(0)
         tree.node_visits[rows, safe] = tree.node_visits[rows, safe] + revisit.long()
-        backup(tree, leaf, new | revisit, steps=steps)
+        return leaf
+
+    def back_up(steps: int, gen: Any = None) -> None:
+        backup(tree, leaf_visits(), new | revisit, steps=steps)
+        done.logical_or_(stopped | (tree.num_simulations >= target))
+
+    def climb_piece(steps: int, gen: Any = None, first: bool = False) -> torch.Tensor:
+        state = start_climb(tree, leaf_visits(), new | revisit) if first else climb_state
+        state = climb(tree, *state, steps)
+        for t, value in zip(climb_state, state):
+            t.copy_(value)
+        return state[2].any()
+
+    def climb_first(steps: int, gen: Any = None) -> torch.Tensor:
+        return climb_piece(steps, gen, first=True)
+
+    def climb_in_pieces() -> None:
+        going = run("climb_first", climb_first, PIECE)
+        while bool(going):
+            going = run("climb_more", climb_piece, PIECE)
         done.logical_or_(stopped | (tree.num_simulations >= target))
 
     run = replay or (lambda name, fn, steps: fn(steps, generator))
     deepest = int(tree.depth.max())
+
+    def walk_length(extra: int) -> int:
+        walk = round_up(deepest + extra, STEP_BUCKET)
+        return walk if max_depth is None else min(walk, max_depth)
+
+    in_pieces = False  # once walks are long they stay long: trees only deepen
     if widen_fn is None and getattr(expand_fn, "graph_safe", False):
         # The expand function is capturable too: whole iterations are one graph, and the host
         # reads three numbers per replay (all done, deepest node, NaN seen).
@@ -772,16 +888,18 @@ def _search_static(
             return status
 
         all_done = bool(done.all())
-        while not all_done:
-            walk = round_up(deepest + UNROLL, STEP_BUCKET)
-            all_done, deepest, flags = run("iterate", iterate, walk if max_depth is None else min(walk, max_depth)).tolist()
+        # Deep trees go on one iteration at a time below, walking in pieces.
+        while not all_done and walk_length(UNROLL) <= LONG_WALK:
+            all_done, deepest, flags = run("iterate", iterate, walk_length(UNROLL)).tolist()
             if flags:
                 raise ValueError(f"ExpandOutput.{'prior_logits' if flags & 2 else 'value'} holds NaN"
                                  + ("; use -inf for missing actions" if flags & 2 else ""))
-        return
+        if all_done:
+            return
+        in_pieces = True
     while not bool(done.all()):
-        walk = round_up(deepest + 1, STEP_BUCKET)
-        path, is_new, is_revisit = run("select", choose, walk if max_depth is None else min(walk, max_depth))
+        in_pieces = in_pieces or walk_length(1) > LONG_WALK
+        path, is_new, is_revisit = walk_in_pieces() if in_pieces else run("select", choose, walk_length(1))
         if bool(is_new.any()):
             index, stop = _expand(tree, expand_fn, path.parent[:, None], path.action[:, None], is_new[:, None])
             new_index.copy_(index)
@@ -790,7 +908,10 @@ def _search_static(
         else:
             new_index.fill_(UNVISITED)
             stopped.fill_(False)
-        run("backup", back_up, round_up(deepest, STEP_BUCKET))
+        if in_pieces or round_up(deepest, STEP_BUCKET) > LONG_WALK:
+            climb_in_pieces()
+        else:
+            run("backup", back_up, round_up(deepest, STEP_BUCKET))
         if widen_fn is not None:
             _widen_on_paths(tree, widen_fn, [_masked(path, is_new | is_revisit)], done)
 

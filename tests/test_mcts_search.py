@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import networkx as nx
@@ -451,6 +452,34 @@ def test_fixed_step_loop_gives_the_eager_trees(policy, case):
         assert torch.equal(t, fixed.tensors()[name]), name
     if case == "stop":
         assert fixed.num_simulations[0] == 1 and (fixed.num_simulations[1:] == 40).all()
+
+
+@pytest.mark.parametrize("policy", [mcts.muzero_policy, mcts.gumbel_muzero_policy])
+@pytest.mark.parametrize("case", ["graph_safe", "not_graph_safe", "max_depth"])
+def test_long_walks_run_in_pieces_and_give_the_eager_trees(policy, case, monkeypatch):
+    """Past LONG_WALK steps the fixed-step loop selects and backs up in pieces of PIECE steps
+    (here 4 and 3, so deep walks take several pieces): the trees still equal the eager loop's,
+    and compiled=True (identity compiler) gives that loop's trees and generator bit for bit."""
+    search_module = importlib.import_module("mcts.search")  # mcts.search is also the function
+
+    env = SyntheticEnv(num_actions=4, depth=14, discount=0.97, invalid_fraction=0.3)
+    expand = (lambda p, a, v: env.expand(p, a, v)) if case == "not_graph_safe" else env.expand  # noqa: E731
+    kwargs = {"num_simulations": 48, "seed": 2, **({"max_depth": 9} if case == "max_depth" else {})}
+    eager = policy(env.root(5), expand, graphs=False, **kwargs).search_tree
+    assert int(eager.depth.max()) >= 8  # walks of 9 steps and more: three pieces
+    calls = []
+    monkeypatch.setattr(search_module, "LONG_WALK", 4)
+    monkeypatch.setattr(search_module, "PIECE", 3)
+    monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn, options: fn))
+    run = Compiled.__call__
+    monkeypatch.setattr(Compiled, "__call__", lambda self, name, fn, steps: calls.append(name) or run(self, name, fn, steps))
+    fixed = policy(env.root(5), expand, graphs=True, **kwargs)
+    taped = policy(env.root(5), expand, compiled=True, **kwargs)
+    assert calls.count("walk_more") > calls.count("walk_first") > 0 and calls.count("climb_more") > 0
+    for name, t in eager.tensors().items():
+        assert torch.equal(t, fixed.search_tree.tensors()[name]), name
+        assert torch.equal(t, taped.search_tree.tensors()[name]), name
+    assert torch.equal(fixed.action, taped.action)
 
 
 def test_fixed_step_loop_keeps_invariants_where_ties_break_differently():
