@@ -679,7 +679,7 @@ def search(
         replay = (
             Compiled(generator, b, k, (n, rule_key(root_action_selection_fn), rule_key(interior_action_selection_fn)),
                      rule_calls={"iterate": UNROLL, "select": 1, "backup": 0, "walk_first": 1, "walk_more": 1,
-                                 "climb_first": 0, "climb_more": 0}, device=tree.device,
+                                 "climb_first": 0, "climb_more": 0, "expand_climb": 0}, device=tree.device,
                      extra_options=compile_options)
             if compiled else CudaGraphs(generator) if tree.device.type == "cuda" else None
         )
@@ -763,9 +763,10 @@ def _widen_on_paths(tree: Tree, widen_fn: WidenFn, paths: list[SelectedPath], do
 STEP_BUCKET = 4  # walk lengths are rounded up to a multiple of this: fewer graphs to capture
 UNROLL = 2  # iterations per graph when the expand function is graph-safe
 # Walks and climbs longer than LONG_WALK steps run as repeated pieces of PIECE steps, asking the
-# host after each whether one is still going: one graph per walk length, unrolled, took longer
-# to compile than to search on deep trees (docs/mcts.md).
-LONG_WALK = 16
+# host after each whether one is still going. Unrolled, each walk length was its own graph, and
+# on deep trees compiling those took longer than searching (docs/mcts.md); 8 keeps the depth-6
+# benchmark and few-step tool-use trees whole.
+LONG_WALK = 8
 PIECE = 8
 
 
@@ -826,15 +827,16 @@ def _search_static(
     def walk_first(steps: int, gen: Any) -> tuple[torch.Tensor, ...]:
         return walk_piece(steps, gen, first=True)
 
-    def walk_in_pieces() -> tuple[SelectedPath, torch.Tensor, torch.Tensor]:
+    def walk_in_pieces(keep: bool = True) -> list[list[torch.Tensor]]:
+        """Walk in pieces until every walk has ended; the walk is left in walk_state. Returns each
+        piece's nodes, actions and masks (`[B, PIECE]`), when `keep`."""
         pieces, going, name = [], True, "walk_first"
         while going:
-            # Cloned: a graph's outputs are overwritten by its next replay.
-            *piece, going = (t.clone() for t in run(name, walk_first if name == "walk_first" else walk_piece, PIECE))
-            pieces.append(piece)
+            *piece, going = run(name, walk_first if name == "walk_first" else walk_piece, PIECE)
+            if keep:  # cloned: a graph's outputs are overwritten by its next replay
+                pieces.append([t.clone() for t in piece])
             going, name = bool(going), "walk_more"
-        path = walk_state.path(*(list(torch.cat(part, 1).unbind(1)) for part in zip(*pieces)))
-        return (path, *settle(walk_state))
+        return pieces
 
     def leaf_visits() -> torch.Tensor:
         """Each tree's leaf, after counting a visit to a revisited one."""
@@ -852,6 +854,8 @@ def _search_static(
         state = climb(tree, *state, steps)
         for t, value in zip(climb_state, state):
             t.copy_(value)
+        # Before the last piece this changes nothing: the root's visits (num_simulations) grow there.
+        done.logical_or_(stopped | (tree.num_simulations >= target))
         return state[2].any()
 
     def climb_first(steps: int, gen: Any = None) -> torch.Tensor:
@@ -861,7 +865,6 @@ def _search_static(
         going = run("climb_first", climb_first, PIECE)
         while bool(going):
             going = run("climb_more", climb_piece, PIECE)
-        done.logical_or_(stopped | (tree.num_simulations >= target))
 
     run = replay or (lambda name, fn, steps: fn(steps, generator))
     deepest = int(tree.depth.max())
@@ -887,19 +890,41 @@ def _search_static(
             status.copy_(torch.stack([done.all().long(), tree.depth.max(), nan[0].long() * 2 + nan[1].long()]))
             return status
 
+        def expand_climb(steps: int, gen: Any = None) -> torch.Tensor:
+            # After a walk in pieces: the rest of an iteration, up to the backup's first piece.
+            is_new, _ = settle(walk_state)
+            index, stop = _expand_dense(tree, expand_fn, walk_state.parent, walk_state.action, is_new, nan)
+            new_index.copy_(index.unsqueeze(-1))
+            stopped.copy_(stop)
+            going = climb_piece(steps, first=True)
+            status.copy_(torch.stack([going.long(), tree.depth.max(), nan[0].long() * 2 + nan[1].long()]))
+            return status
+
+        def check(flags: int) -> None:
+            if flags:
+                raise ValueError(f"ExpandOutput.{'prior_logits' if flags & 2 else 'value'} holds NaN"
+                                 + ("; use -inf for missing actions" if flags & 2 else ""))
+
         all_done = bool(done.all())
         # Deep trees go on one iteration at a time below, walking in pieces.
         while not all_done and walk_length(UNROLL) <= LONG_WALK:
             all_done, deepest, flags = run("iterate", iterate, walk_length(UNROLL)).tolist()
-            if flags:
-                raise ValueError(f"ExpandOutput.{'prior_logits' if flags & 2 else 'value'} holds NaN"
-                                 + ("; use -inf for missing actions" if flags & 2 else ""))
-        if all_done:
-            return
-        in_pieces = True
+            check(flags)
+        # Deep trees: one iteration at a time, the walk and the backup in pieces.
+        while not bool(done.all()):
+            walk_in_pieces(keep=False)
+            going, _, flags = run("expand_climb", expand_climb, PIECE).tolist()
+            check(flags)
+            while going:
+                going = bool(run("climb_more", climb_piece, PIECE))
+        return
     while not bool(done.all()):
         in_pieces = in_pieces or walk_length(1) > LONG_WALK
-        path, is_new, is_revisit = walk_in_pieces() if in_pieces else run("select", choose, walk_length(1))
+        if in_pieces:
+            path = walk_state.path(*(list(torch.cat(part, 1).unbind(1)) for part in zip(*walk_in_pieces())))
+            is_new, is_revisit = settle(walk_state)
+        else:
+            path, is_new, is_revisit = run("select", choose, walk_length(1))
         if bool(is_new.any()):
             index, stop = _expand(tree, expand_fn, path.parent[:, None], path.action[:, None], is_new[:, None])
             new_index.copy_(index)

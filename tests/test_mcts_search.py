@@ -458,8 +458,9 @@ def test_fixed_step_loop_gives_the_eager_trees(policy, case):
 @pytest.mark.parametrize("case", ["graph_safe", "not_graph_safe", "max_depth"])
 def test_long_walks_run_in_pieces_and_give_the_eager_trees(policy, case, monkeypatch):
     """Past LONG_WALK steps the fixed-step loop selects and backs up in pieces of PIECE steps
-    (here 4 and 3, so deep walks take several pieces): the trees still equal the eager loop's,
-    and compiled=True (identity compiler) gives that loop's trees and generator bit for bit."""
+    (here 4 and 3, so deep walks take several pieces; a graph-safe expand function runs in the
+    graph that starts the backup): the trees still equal the eager loop's, and compiled=True
+    (identity compiler) gives that loop's trees and generator bit for bit."""
     search_module = importlib.import_module("mcts.search")  # mcts.search is also the function
 
     env = SyntheticEnv(num_actions=4, depth=14, discount=0.97, invalid_fraction=0.3)
@@ -476,6 +477,8 @@ def test_long_walks_run_in_pieces_and_give_the_eager_trees(policy, case, monkeyp
     fixed = policy(env.root(5), expand, graphs=True, **kwargs)
     taped = policy(env.root(5), expand, compiled=True, **kwargs)
     assert calls.count("walk_more") > calls.count("walk_first") > 0 and calls.count("climb_more") > 0
+    # A graph-safe expand function runs inside the graph that starts the backup.
+    assert (calls.count("expand_climb") == calls.count("walk_first")) == (case != "not_graph_safe")
     for name, t in eager.tensors().items():
         assert torch.equal(t, fixed.search_tree.tensors()[name]), name
         assert torch.equal(t, taped.search_tree.tensors()[name]), name
