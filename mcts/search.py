@@ -679,7 +679,8 @@ def search(
         replay = (
             Compiled(generator, b, k, (n, rule_key(root_action_selection_fn), rule_key(interior_action_selection_fn)),
                      rule_calls={"iterate": UNROLL, "select": 1, "backup": 0, "walk_first": 1, "walk_more": 1,
-                                 "climb_first": 0, "climb_more": 0, "expand_climb": 0}, device=tree.device,
+                                 "climb_first": 0, "climb_more": 0, "expand_climb": 0,
+                                 "walk_expand_climb": 1}, device=tree.device,
                      extra_options=compile_options)
             if compiled else CudaGraphs(generator) if tree.device.type == "cuda" else None
         )
@@ -765,7 +766,9 @@ UNROLL = 2  # iterations per graph when the expand function is graph-safe
 # Walks and climbs longer than LONG_WALK steps run as repeated pieces of PIECE steps, asking the
 # host after each whether one is still going. Unrolled, each walk length was its own graph, and
 # on deep trees compiling those took longer than searching (docs/mcts.md); 8 keeps the depth-6
-# benchmark and few-step tool-use trees whole.
+# benchmark and few-step tool-use trees whole. A single tree (B = 1) keeps whole walks up to
+# twice that: no other tree's longer walk makes it take extra steps, and at B = 1 the host
+# round trips of pieces cost more than the steps (2.8x the time per simulation at depth 64).
 LONG_WALK = 8
 PIECE = 8
 
@@ -794,6 +797,7 @@ def _search_static(
     are one graph. Past LONG_WALK steps the selection and the backup run in pieces (walk_fn is
     walk_steps with the rules bound). replay None runs the same steps eagerly (CPU)."""
     b, n = tree.batch_size, tree.max_nodes
+    long_walk = LONG_WALK if b > 1 else 2 * LONG_WALK
     rows = torch.arange(b, device=tree.device)
     # What the backup reads: copied here by the selection, by the caller from the expansion.
     new_index = torch.full((b, 1), UNVISITED, dtype=torch.int64, device=tree.device)
@@ -804,13 +808,18 @@ def _search_static(
     walk_state = Walk.start(tree, stopped)
     climb_state = (old_leaf.clone(), torch.zeros(b, dtype=tree.node_values.dtype, device=tree.device), stopped.clone())
 
-    def settle(walk: Walk) -> tuple[torch.Tensor, torch.Tensor]:
-        is_new = walk.new & (tree.num_nodes < n)
-        done.logical_or_(~(is_new | walk.revisit))  # nothing selectable: the tree is full
+    def settle(walk: Walk, ended: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the walk's end asks of the expansion and the backup. `ended`: a 0-dim bool, False
+        where the walk may not have ended yet: then it asks nothing and changes nothing."""
+        is_new, is_revisit = walk.new & (tree.num_nodes < n), walk.revisit
+        if ended is not None:
+            is_new, is_revisit = is_new & ended, is_revisit & ended
+        # Nothing selectable: the tree is full.
+        done.logical_or_(~(is_new | is_revisit) if ended is None else ended & ~(is_new | is_revisit))
         old_leaf.copy_(walk.leaf)
         new.copy_(is_new)
-        revisit.copy_(walk.revisit)
-        return is_new, walk.revisit
+        revisit.copy_(is_revisit)
+        return is_new, is_revisit
 
     def choose(steps: int, gen: Any) -> tuple[SelectedPath, torch.Tensor, torch.Tensor]:
         walk = Walk.start(tree, ~done & (tree.num_simulations < target))
@@ -890,15 +899,22 @@ def _search_static(
             status.copy_(torch.stack([done.all().long(), tree.depth.max(), nan[0].long() * 2 + nan[1].long()]))
             return status
 
-        def expand_climb(steps: int, gen: Any = None) -> torch.Tensor:
+        def expand_climb(steps: int, gen: Any = None, walking: torch.Tensor | None = None) -> torch.Tensor:
             # After a walk in pieces: the rest of an iteration, up to the backup's first piece.
-            is_new, _ = settle(walk_state)
+            ended = None if walking is None else ~walking
+            is_new, _ = settle(walk_state, ended)
             index, stop = _expand_dense(tree, expand_fn, walk_state.parent, walk_state.action, is_new, nan)
             new_index.copy_(index.unsqueeze(-1))
-            stopped.copy_(stop)
+            stopped.copy_(stop if ended is None else stop & ended)
             going = climb_piece(steps, first=True)
-            status.copy_(torch.stack([going.long(), tree.depth.max(), nan[0].long() * 2 + nan[1].long()]))
+            walking = torch.zeros_like(going) if walking is None else walking
+            status.copy_(torch.stack([walking.long(), going.long(), nan[0].long() * 2 + nan[1].long()]))
             return status
+
+        def walk_expand_climb(steps: int, gen: Any) -> torch.Tensor:
+            # A walk's first piece, and where every walk ended in it (most iterations) the rest
+            # of the iteration too: one call. Else the expansion and the climb see no tree.
+            return expand_climb(steps, gen, walking=walk_first(steps, gen)[-1])
 
         def check(flags: int) -> None:
             if flags:
@@ -907,19 +923,23 @@ def _search_static(
 
         all_done = bool(done.all())
         # Deep trees go on one iteration at a time below, walking in pieces.
-        while not all_done and walk_length(UNROLL) <= LONG_WALK:
+        while not all_done and walk_length(UNROLL) <= long_walk:
             all_done, deepest, flags = run("iterate", iterate, walk_length(UNROLL)).tolist()
             check(flags)
         # Deep trees: one iteration at a time, the walk and the backup in pieces.
         while not bool(done.all()):
-            walk_in_pieces(keep=False)
-            going, _, flags = run("expand_climb", expand_climb, PIECE).tolist()
+            walking, going, flags = run("walk_expand_climb", walk_expand_climb, PIECE).tolist()
             check(flags)
+            if walking:
+                while walking:
+                    walking = bool(run("walk_more", walk_piece, PIECE)[-1])
+                _, going, flags = run("expand_climb", expand_climb, PIECE).tolist()
+                check(flags)
             while going:
                 going = bool(run("climb_more", climb_piece, PIECE))
         return
     while not bool(done.all()):
-        in_pieces = in_pieces or walk_length(1) > LONG_WALK
+        in_pieces = in_pieces or walk_length(1) > long_walk
         if in_pieces:
             path = walk_state.path(*(list(torch.cat(part, 1).unbind(1)) for part in zip(*walk_in_pieces())))
             is_new, is_revisit = settle(walk_state)
@@ -933,7 +953,7 @@ def _search_static(
         else:
             new_index.fill_(UNVISITED)
             stopped.fill_(False)
-        if in_pieces or round_up(deepest, STEP_BUCKET) > LONG_WALK:
+        if in_pieces or round_up(deepest, STEP_BUCKET) > long_walk:
             climb_in_pieces()
         else:
             run("backup", back_up, round_up(deepest, STEP_BUCKET))
