@@ -768,7 +768,7 @@ UNROLL = 2  # iterations per graph when the expand function is graph-safe
 # on deep trees compiling those took longer than searching (docs/mcts.md); 8 keeps the depth-6
 # benchmark and few-step tool-use trees whole. A single tree (B = 1) keeps whole walks up to
 # twice that: no other tree's longer walk makes it take extra steps, and at B = 1 the host
-# round trips of pieces cost more than the steps (2.8x the time per simulation at depth 64).
+# round trips of pieces cost more than the steps (3.2x the time per simulation at depth 64).
 LONG_WALK = 8
 PIECE = 8
 
