@@ -826,25 +826,29 @@ def _search_static(
         path = walk.path(*walk_fn(tree, walk, steps=steps, generator=gen))
         return (path, *settle(walk))
 
+    # Only widening reads a walk's path; without it a piece returns just whether a walk goes on.
+    keep_path = widen_fn is not None
+
     def walk_piece(steps: int, gen: Any, first: bool = False) -> tuple[torch.Tensor, ...]:
         walk = Walk.start(tree, ~done & (tree.num_simulations < target)) if first else dataclasses.replace(walk_state)
         nodes, actions, masks = walk_fn(tree, walk, steps=steps, generator=gen, at_root=first)
+        # Stacked before walk_state is written: a continued piece's first node is walk_state.node.
+        path = (torch.stack(nodes, 1), torch.stack(actions, 1), torch.stack(masks, 1)) if keep_path else ()
         for field in dataclasses.fields(Walk):
             getattr(walk_state, field.name).copy_(getattr(walk, field.name))
-        return torch.stack(nodes, 1), torch.stack(actions, 1), torch.stack(masks, 1), walk.running.any()
+        return *path, walk.running.any()
 
     def walk_first(steps: int, gen: Any) -> tuple[torch.Tensor, ...]:
         return walk_piece(steps, gen, first=True)
 
-    def walk_in_pieces(keep: bool = True) -> list[list[torch.Tensor]]:
+    def walk_in_pieces() -> list[list[torch.Tensor]]:
         """Walk in pieces until every walk has ended; the walk is left in walk_state. Returns each
-        piece's nodes, actions and masks (`[B, PIECE]`), when `keep`."""
-        pieces, going, name = [], True, "walk_first"
-        while going:
-            *piece, going = run(name, walk_first if name == "walk_first" else walk_piece, PIECE)
-            if keep:  # cloned: a graph's outputs are overwritten by its next replay
-                pieces.append([t.clone() for t in piece])
-            going, name = bool(going), "walk_more"
+        piece's nodes, actions and masks (`[B, PIECE]`) when keep_path."""
+        *piece, going = run("walk_first", walk_first, PIECE)
+        pieces = [[t.clone() for t in piece]]  # cloned: a graph's outputs are overwritten by its next replay
+        while bool(going):
+            *piece, going = run("walk_more", walk_piece, PIECE)
+            pieces.append([t.clone() for t in piece])
         return pieces
 
     def leaf_visits() -> torch.Tensor:
@@ -870,8 +874,8 @@ def _search_static(
     def climb_first(steps: int, gen: Any = None) -> torch.Tensor:
         return climb_piece(steps, gen, first=True)
 
-    def climb_in_pieces() -> None:
-        going = run("climb_first", climb_first, PIECE)
+    def climb_on(going: Any) -> None:
+        """Climb in pieces until no tree climbs; `going`: whether one did in the last piece."""
         while bool(going):
             going = run("climb_more", climb_piece, PIECE)
 
@@ -935,18 +939,20 @@ def _search_static(
                     walking = bool(run("walk_more", walk_piece, PIECE)[-1])
                 _, going, flags = run("expand_climb", expand_climb, PIECE).tolist()
                 check(flags)
-            while going:
-                going = bool(run("climb_more", climb_piece, PIECE))
+            climb_on(going)
         return
     while not bool(done.all()):
         in_pieces = in_pieces or walk_length(1) > long_walk
         if in_pieces:
-            path = walk_state.path(*(list(torch.cat(part, 1).unbind(1)) for part in zip(*walk_in_pieces())))
+            pieces = walk_in_pieces()
+            path = walk_state.path(*(list(torch.cat(part, 1).unbind(1)) for part in zip(*pieces))) if keep_path else None
             is_new, is_revisit = settle(walk_state)
+            parent, action = walk_state.parent, walk_state.action
         else:
             path, is_new, is_revisit = run("select", choose, walk_length(1))
+            parent, action = path.parent, path.action
         if bool(is_new.any()):
-            index, stop = _expand(tree, expand_fn, path.parent[:, None], path.action[:, None], is_new[:, None])
+            index, stop = _expand(tree, expand_fn, parent[:, None], action[:, None], is_new[:, None])
             new_index.copy_(index)
             stopped.copy_(stop)
             deepest = int(tree.depth.max())
@@ -954,7 +960,7 @@ def _search_static(
             new_index.fill_(UNVISITED)
             stopped.fill_(False)
         if in_pieces or round_up(deepest, STEP_BUCKET) > long_walk:
-            climb_in_pieces()
+            climb_on(run("climb_first", climb_first, PIECE))
         else:
             run("backup", back_up, round_up(deepest, STEP_BUCKET))
         if widen_fn is not None:

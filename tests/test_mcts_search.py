@@ -455,17 +455,26 @@ def test_fixed_step_loop_gives_the_eager_trees(policy, case):
 
 
 @pytest.mark.parametrize("policy", [mcts.muzero_policy, mcts.gumbel_muzero_policy])
-@pytest.mark.parametrize("case", ["graph_safe", "not_graph_safe", "max_depth"])
+@pytest.mark.parametrize("case", ["graph_safe", "not_graph_safe", "max_depth", "widening"])
 def test_long_walks_run_in_pieces_and_give_the_eager_trees(policy, case, monkeypatch):
     """Past LONG_WALK steps the fixed-step loop selects and backs up in pieces of PIECE steps
     (here 4 and 4, so deep walks take several pieces; a graph-safe expand function runs in the
     graph that starts the backup): the trees still equal the eager loop's, and compiled=True
-    (identity compiler) gives that loop's trees and generator bit for bit."""
+    (identity compiler) gives that loop's trees and generator bit for bit. With widening the
+    pieces also return the walk's path: the widen function is offered the same nodes."""
     search_module = importlib.import_module("mcts.search")  # mcts.search is also the function
 
     env = SyntheticEnv(num_actions=4, depth=14, discount=0.97, invalid_fraction=0.3)
     expand = (lambda p, a, v: env.expand(p, a, v)) if case == "not_graph_safe" else env.expand  # noqa: E731
     kwargs = {"num_simulations": 48, "seed": 2, **({"max_depth": 9} if case == "max_depth" else {})}
+    offers: list[list[tuple[int, ...]]] = []
+    if case == "widening":
+        def widen_fn(handles, visits, valid):  # offered nodes are recorded; none is widened
+            offers[-1].append(tuple(handles[valid].tolist()) + tuple(visits[valid].tolist()))
+            b, w = handles.shape
+            return mcts.WidenOutput(prior_logits=torch.zeros(b, w, 4), widened=torch.zeros(b, w, dtype=torch.bool))
+        kwargs["widen_fn"] = widen_fn
+    offers.append([])
     eager = policy(env.root(5), expand, graphs=False, **kwargs).search_tree
     assert int(eager.depth.max()) >= 8  # walks of 9 steps and more: three pieces
     calls = []
@@ -474,12 +483,16 @@ def test_long_walks_run_in_pieces_and_give_the_eager_trees(policy, case, monkeyp
     monkeypatch.setattr(Compiled, "compiler", staticmethod(lambda fn, options: fn))
     run = Compiled.__call__
     monkeypatch.setattr(Compiled, "__call__", lambda self, name, fn, steps: calls.append(name) or run(self, name, fn, steps))
+    offers.append([])
     fixed = policy(env.root(5), expand, graphs=True, **kwargs)
+    offers.append([])
     taped = policy(env.root(5), expand, compiled=True, **kwargs)
     assert calls.count("walk_more") > 0 and calls.count("climb_more") > 0
+    if case == "widening":
+        assert len(offers[0]) > 3 and offers[0] == offers[1] == offers[2]
     # A graph-safe expand function runs inside the graph that starts the backup, with the walk's
     # first piece when every walk ended in it.
-    if case == "not_graph_safe":
+    if case in ("not_graph_safe", "widening"):
         assert "walk_expand_climb" not in calls and "expand_climb" not in calls
     else:
         assert 0 < calls.count("expand_climb") < calls.count("walk_expand_climb")
