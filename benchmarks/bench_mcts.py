@@ -334,7 +334,11 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=6,
                         help="the environment's terminal depth (mctx has no terminal nodes: at 6 its PUCT trees grow "
                              "deeper than ours; 64 keeps both free of terminals within 64 simulations)")
+    parser.add_argument("--unroll", type=int, default=None,
+                        help="whole iterations per compiled call (mcts.search.UNROLL, default 2), to measure the choice")
     args = parser.parse_args()
+    if args.unroll:
+        importlib.import_module("mcts.search").UNROLL = args.unroll  # mcts.search is also the function
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
