@@ -652,6 +652,27 @@ def test_compiled_synthetic_env_and_whole_iterations_give_the_eager_results():
         assert torch.equal(t, whole.search_tree.tensors()[name]), name
 
 
+@pytest.mark.slow
+def test_compiled_pieces_give_the_eager_trees(monkeypatch):
+    """The real compiler on deep walks in pieces (pieces of 4 past 4 steps here, so the graphs
+    stay small): walk_expand_climb, walk_more, expand_climb and climb_more give the eager
+    loop's trees bit for bit."""
+    search_module = importlib.import_module("mcts.search")  # mcts.search is also the function
+    monkeypatch.setattr(search_module, "LONG_WALK", 4)
+    monkeypatch.setattr(search_module, "PIECE", 4)
+    calls = []
+    run = Compiled.__call__
+    monkeypatch.setattr(Compiled, "__call__", lambda self, name, fn, steps: calls.append(name) or run(self, name, fn, steps))
+    env = SyntheticEnv(num_actions=4, depth=14, discount=0.97, invalid_fraction=0.3)
+    kwargs = {"num_simulations": 48, "seed": 2}
+    eager = mcts.muzero_policy(env.root(5), env.expand, graphs=False, **kwargs)
+    taped = mcts.muzero_policy(env.root(5), env.expand, compiled=True, **kwargs)
+    assert {"walk_expand_climb", "walk_more", "expand_climb", "climb_more"} <= set(calls)
+    assert int(eager.search_tree.depth.max()) >= 9  # walks of three pieces and more
+    for name, t in eager.search_tree.tensors().items():
+        assert torch.equal(t, taped.search_tree.tensors()[name]), name
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("policy", [mcts.muzero_policy, mcts.gumbel_muzero_policy])
 def test_compiled_cuda_search_gives_valid_seeded_trees(policy):
