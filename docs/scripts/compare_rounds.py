@@ -4,7 +4,9 @@ share token for token and how many flip success; the tool errors the held-out ep
 with --find, where a string (a made-up argument, say) occurs: in how many episodes of each run,
 SFT rows and preference pairs (either side) of each round, and tasks.
 
-    .venv/bin/python docs/scripts/compare_rounds.py runs/exp-shop-seed1/store --rounds 1,2 --find '#W8417589'
+    .venv/bin/python docs/scripts/compare_rounds.py runs/exp-shop-seed1/store --find '#W8417589'
+    .venv/bin/python docs/scripts/compare_rounds.py runs/exp-shop-seed1-r2t80/store \
+      --runs experiment/r2,exp-shop-seed1-r2t80/r2          # a fork's round 2 against the original's
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ def first_tool_error(messages_json: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("store")
-    parser.add_argument("--rounds", default="1,2", help="two round numbers, as in run ids experiment/rN")
+    parser.add_argument("--runs", default="experiment/r1,experiment/r2",
+                        help="two rounds' search run ids (their evaluations are RUN/eval)")
     parser.add_argument("--top", type=int, default=5, help="tool errors to list per round")
     parser.add_argument("--find", help="a string to count in the store's episodes, SFT rows, pairs and tasks")
     args = parser.parse_args()
     store = Store(args.store)
-    rounds = [f"experiment/r{r}" for r in args.rounds.split(",")]
+    rounds = args.runs.split(",")
     episodes = store.trajectories().filter(pl.col("run_id").is_in(rounds + [f"{r}/eval" for r in rounds])).collect()
     level = {
         row["task_id"]: json.loads(row["task_json"])["metadata"].get("level")
