@@ -30,6 +30,32 @@ class SandboxConfig(Section):
     scratch_mb: int = Field(64, ge=1, description="tmpfs behind each worker's /tmp and /dev/shm; largest file a tool may write")
 
 
+class MCPServerConfig(Section):
+    """One MCP server offered as a toolbox: tasks name it by `name`."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", description="toolbox name the tasks use")
+    command: list[str] | None = Field(None, description="stdio transport: the command line that starts the server")
+    url: str | None = Field(None, description="streamable-HTTP transport: the server's URL")
+    stateful: bool = Field(True, description="calls change server state (branches are isolated by replay or snapshots)")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> Self:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"MCP server {self.name!r}: give exactly one of command (stdio) or url (HTTP)")
+        return self
+
+
+class ToolsConfig(Section):
+    """Tools from outside the package: Python modules or files, and MCP servers."""
+
+    modules: list[str] = Field(
+        default_factory=list,
+        description="a .py file or an importable module per entry, imported in every sandbox worker; "
+        "its type-hinted functions (or the Toolbox it registers) become a toolbox",
+    )
+    mcp: list[MCPServerConfig] = Field(default_factory=list, description="MCP servers offered as toolboxes")
+
+
 class EnvConfig(Section):
     max_steps: int = Field(6, ge=1, description="assistant turns per user turn before the episode is truncated")
 
@@ -336,6 +362,7 @@ class EngineConfig(Section):
     split: Literal["train", "heldout"] = Field("train", description="which split to search")
     shard_size: int = Field(4, ge=1, description="tasks per shard (unit of commit and retry)")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
