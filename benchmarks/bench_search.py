@@ -19,7 +19,7 @@ rollouts and critic calls is charged to its task). Per method and suite it print
 - the ratio MCTS / best-of-N of each, with a paired bootstrap interval (same tasks resampled);
 - tokens spent, solved tasks and wall time.
 
-Targets (issue 14): MCTS at least 2x best-of-N in successes per M tokens and at least 1.3x in
+Targets: MCTS at least 2x best-of-N in successes per M tokens and at least 1.3x in
 solved tasks per M tokens on at least two of the four suites.
 """
 

@@ -1,4 +1,4 @@
-"""The final-answer rule on labelled replies: hard negatives never pass (issue 18).
+"""The final-answer rule on labelled replies: hard negatives never pass.
 
 tests/data/answer_cases.jsonl holds one case a line: label ("negative": wrong, or breaks the
 question's "only the word" instruction; "positive": right and in an accepted form;

@@ -257,7 +257,7 @@ def test_levels_select_tasks_and_change_the_run_id(tmp_path):
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, env, tasks):
-    """Issue 19.8: a run stopped after its first shard and resumed by a fresh process (a new
+    """A run stopped after its first shard and resumed by a fresh process (a new
     policy with an empty prefix cache) writes the same node and trajectory rows, bit for bit
     (logprob, prior, q included), as one uninterrupted run."""
     from dataengine.policy import make_policy

@@ -459,7 +459,7 @@ def test_tiny_model_search_on_a_bfcl_multi_turn_task_stores_per_turn_nodes(tmp_p
 @pytest.mark.external
 @pytest.mark.skipif(not HAS_BFCL, reason="bfcl-eval is not installed")
 def test_smollm2_search_on_a_bfcl_multi_turn_task_lands_in_the_store_per_turn(tmp_path):
-    """SmolLM2 end to end on a BFCL multi-turn task (issue 17): real sampling and tool execution in
+    """SmolLM2 end to end on a BFCL multi-turn task: real sampling and tool execution in
     the sandbox, every node stored with its user turn, every ended episode verified per turn."""
     from dataengine.external import bfcl
     from dataengine.policy import make_policy

@@ -174,7 +174,7 @@ def test_render_action_of_answer_and_error():
     assert render_action(bad) == bad.text
 
 
-# ---- limits on untrusted text (issue 19): linear time, bounded depth and size, finite numbers ----
+# ---- limits on untrusted text: linear time, bounded depth and size, finite numbers ----
 
 
 def _timed_parse(text: str) -> tuple[Action, float]:

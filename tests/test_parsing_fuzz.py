@@ -1,4 +1,4 @@
-"""Adversarial fuzzing of parse_action (issue 19): never raises, always one Action, bounded time,
+"""Adversarial fuzzing of parse_action: never raises, always one Action, bounded time,
 and the string-operation label/fence handling matches the old regexes on short inputs."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_parse_action_never_raises_and_is_fast(text):
     json.loads(to_json(action), parse_constant=lambda c: (_ for _ in ()).throw(AssertionError(c)))
 
 
-# The patterns parsing.py used before issue 19: exact but backtracking, so oracles on short input only.
+# The patterns parsing.py used before its linear-time rewrite: exact but backtracking, so oracles on short input only.
 OLD_LABEL = re.compile(r"^\s*(?:\*\*)?(?:final\s+answer|answer)\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?", re.IGNORECASE)
 OLD_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 

@@ -127,7 +127,7 @@ def test_prefix_reuse_saves_prefill(policy):
 
 
 def test_outputs_independent_of_earlier_calls_and_batch(policy):
-    """Issue 19.8: the same conversations give bit-identical token ids and log-probs after other
+    """The same conversations give bit-identical token ids and log-probs after other
     calls filled the cache, in another batch composition, in other decode chunks, with or without
     the cache; so a resumed run equals an uninterrupted one."""
     if policy.device.type == "cuda":

@@ -25,7 +25,7 @@ def tasks():
 
 def test_fewshot_smollm2_writes_tool_calls_on_arithmetic(policy):
     # docs/policy.md: 84% of first replies are parsed calls at temperature 0.7 (16 tasks x 4).
-    # The session-1 template (examples as text in the system prompt) gave 0%; this guards the
+    # The first prompt template (examples as text in the system prompt) gave 0%; this guards the
     # example episodes against regressions.
     report = tool_call_rate(policy, generate_suite("arithmetic", 8, 0, seed=0), k=4, max_new_tokens=48, temperature=0.7, seed=0)
     assert report["known_tool_rate"] >= 0.5, report["examples"]

@@ -293,7 +293,7 @@ def test_smollm2_search_trees_are_well_formed(env):
     """The real model on tool-free questions whose answer is in the question: every terminal
     node is a stored trajectory, every node's tokens respect max_new_tokens and the budget
     counts every generated token. (Successes are not asserted: under the strict final-answer
-    rule SmolLM2-135M's replies to these, at 4 simulations, passed 0 times in this session's run,
+    rule SmolLM2-135M's replies to these, at 4 simulations, passed 0 times in one run,
     since it rarely answers with the bare word.)"""
     policy = make_policy("hf", "smollm2", fewshot=True)
     # "Answer with only the word 'pocket'": the answer is in the question, and the strict

@@ -607,7 +607,7 @@ def test_parallel_calls_of_one_reply_become_one_step(tool_env):
 
 
 def test_mid_episode_prompt_is_replayed_and_scored_as_one_episode(tool_env):
-    """GRPO from tree prefixes (issue 17.3): a prompt holding the task and the first tool call
+    """GRPO from tree prefixes: a prompt holding the task and the first tool call
     with its result (a tree node's conversation, in TRL's form) is replayed through ToolEnv at
     reset, the rollout's second call executes on that state, and the reward judges the whole
     episode. A prompt whose recorded tool result the tools do not reproduce is refused."""

@@ -113,7 +113,7 @@ def test_grpo_rollouts_execute_tools_and_are_scored_by_the_verifiers(tmp_path):
 
 
 def test_grpo_from_a_tree_prefix_continues_the_episode(tmp_path):
-    """GRPO from tree prefixes (issue 17.3): a replay row whose prompt is a mid-episode node (the
+    """GRPO from tree prefixes: a replay row whose prompt is a mid-episode node (the
     task's first tool call and its result) is replayed into ToolEnv, the rollouts make the second
     call (executed in the sandbox) and answer, and the verifiers score the whole two-call episode."""
     from dataengine.train.data import load_training_data

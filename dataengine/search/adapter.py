@@ -608,7 +608,7 @@ class LLMExpander:
     def _candidates(self, convs: list[Conversation]) -> list[list[Sample]]:
         """K candidate samples per conversation; with `search.greedy_candidate` the first is the
         greedy continuation and K - 1 are sampled. At temperature 0.7 two samples can both miss
-        the call the greedy decode gets right (units, session 25: MCTS missed 3 tasks greedy solved)."""
+        the call the greedy decode gets right (units bench, 2026-11-29: MCTS missed 3 tasks greedy solved)."""
         kw = dict(max_new_tokens=self.sampling.max_new_tokens, top_p=self.sampling.top_p, seed=self.seed)
         if not self.search.greedy_candidate:
             return self.policy.sample(convs, self.num_samples, temperature=self.sampling.temperature, **kw)

@@ -223,7 +223,7 @@ class FinalAnswerVerifier:
     rel_tol, abs_tol: default numeric tolerance (math.isclose); task.metadata["answer_rel_tol"]
         and ["answer_abs_tol"] override them per task. Not applicable without a gold answer.
     details: match (a CONFIDENCE key, or "none" without a final answer), rule, answer.
-    Version 2 (issue 18): whole-reply matching; version 1 passed replies that merely contained
+    Version 2: whole-reply matching; version 1 passed replies that merely contained
     the gold or whose first or last number equalled it.
     """
 
