@@ -1,5 +1,5 @@
-"""README's usage block, run as a new user runs it: every command in order, in a fresh folder,
-with its wall time and what it printed. README's times come from this script.
+"""docs/usage.md's walk-through, run as a new user runs it: every command in order, in a fresh folder,
+with its wall time and what it printed. docs/usage.md's times come from this script.
 
     .venv/bin/python benchmarks/usage_walkthrough.py --workdir /tmp/walk            # SmolLM2
     .venv/bin/python benchmarks/usage_walkthrough.py --workdir /tmp/walk --model tiny  # smoke run
@@ -99,7 +99,7 @@ def schedule_steps(walk: Walk, model: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True, help="fresh folder the commands run in")
-    parser.add_argument("--model", default="smollm2", help="smollm2 (README's figures) or tiny (smoke run)")
+    parser.add_argument("--model", default="smollm2", help="smollm2 (docs/usage.md's figures) or tiny (smoke run)")
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     if args.workdir.exists() and any(args.workdir.iterdir()):

@@ -6,7 +6,7 @@ train tasks (a curriculum of levels), derive, chained training (rejection-sampli
 step DPO, then online GRPO on prompts whose pass rate is strictly between 0 and 1, each stage
 from the previous checkpoint), evaluation on held-out tasks (greedy, and search at inference
 twice: deployable and oracle-guided). `results_rows` / `results_markdown` turn the pipeline's
-result into the table README shows; `plot_success` draws success per round.
+result into the table docs/results.md shows; `plot_success` draws success per round.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def gold_step_probabilities(policy: Policy, env: ToolEnv, tasks: list[Task]) -> 
     steps: {"<level>/<step>": {n, mean_p, median_logprob}}; paths: {"<level>": {n, mean_p,
     reachable}} where reachable counts tasks whose whole gold path has probability >= 0.01
     (about 1 in 100 sampled episodes would follow it). A path far below that is rarely sampled
-    whole; search reaches it only where its widening resamples the weak step (README, "Learning
+    whole; search reaches it only where its widening resamples the weak step (docs/experiments.md, "Learning
     rounds": 3 of 39 level-2 trees reached a second call of p ~ 1e-3).
     """
     if not tasks:

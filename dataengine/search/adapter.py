@@ -509,7 +509,7 @@ class LLMExpander:
         name of the likeliest offered tool that no candidate of the node calls, the policy
         writing the arguments: a small policy that invents tool names (`send_order`) or keeps
         calling the wrong one rarely samples the right name (on shop it gained nothing: the
-        round-2 model then wrote the wrong arguments, README "Search yield"). Else the tool-call tag when every candidate so far is a reply
+        round-2 model then wrote the wrong arguments, docs/results.md "Search yield"). Else the tool-call tag when every candidate so far is a reply
         without a tool call and the task has tools (`widen_tool_call`): sampling again from
         the same state would mostly repeat those replies. Else no prefix."""
         tools = node.state.task.tools
