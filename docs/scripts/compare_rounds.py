@@ -1,4 +1,4 @@
-"""What changed between two rounds of an experiment (README, shop rerun from seed 1): the train
+"""What changed between two rounds of an experiment (docs/results.md, shop rerun from seed 1): the train
 tasks each round's search solved, by level; how many held-out episodes the two evaluations
 share token for token and how many flip success; the tool errors the held-out episodes hit most;
 with --find, where a string (a made-up argument, say) occurs: in how many episodes of each run,

@@ -1,4 +1,4 @@
-"""Per-level counts of an experiment's store (README "Learning rounds"):
+"""Per-level counts of an experiment's store (docs/results.md "Learning rounds"):
 
 - search on train tasks: tasks, tasks solved, trees holding the gold first call / both gold calls,
   successful trajectories, clean ones (as many tool calls as the gold, the answer right after)
