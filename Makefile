@@ -76,6 +76,7 @@ test-vllm: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports
 
 test-slow: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)

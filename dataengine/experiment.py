@@ -1,4 +1,4 @@
-"""Self-improvement experiments: the pipeline (flows/pipeline.py) with the settings results are
+"""Self-improvement experiments: the pipeline (`PipelineConfig`, run by flows/pipeline.py) with the settings results are
 made with, and the per-round, per-stage table it reports.
 
 `experiment_config` builds a PipelineConfig: R rounds of search with the current checkpoint on
@@ -23,8 +23,7 @@ def experiment_config(*, out: str, suites: list[str], rounds: int = 3, train_tas
                       trainers: list[str] | None = None, seed: int = 0, overrides: dict[str, Any] | None = None) -> Any:
     """The PipelineConfig of an experiment; `overrides` are dotted load_config overrides
     (e.g. {"engine__search__num_simulations": 8})."""
-    from dataengine.config import load_config
-    from flows.pipeline import PipelineConfig
+    from dataengine.config import PipelineConfig, load_config
 
     base: dict[str, Any] = {
         "run_id": "experiment",

@@ -1,6 +1,7 @@
 """The derive, export and rescore flows: datasets from stored trees, TRL files from the derived
-tables, and verifiers re-run over a stored run. Thin: each task runs a stage of
-dataengine.stages (datasets.derive_datasets, datasets.export_dataset, rescore.rescore_shard)."""
+tables, and verifiers re-run over a stored run. Thin: each task runs a stage function of
+dataengine.stages (datasets.derive_datasets, datasets.export_dataset, rescore.rescore_shard_at);
+the rescore flow is the stage's driver (rescore.rescore) handed Prefect tasks."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Any, Literal
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
-from dataengine.config import DeriveConfig, EngineConfig
-from flows.runtime import RuntimeConfig, artifact_key, shard_options
+from dataengine.config import DERIVED_KINDS, DeriveConfig, EngineConfig, RuntimeConfig
+from dataengine.stages.rescore import RescoreExecutor, RescoreResult, rescore, rescore_shard_at
+from flows.runtime import artifact_key, submit_shards
 
-DERIVED = ("step-pairs", "trajectory-pairs", "sft", "recovery", "replay")
+DERIVED = DERIVED_KINDS
 EXPORTS = ("pairs", "sft", "replay")
 
 
@@ -109,13 +111,18 @@ def export_flow(
 
 
 @task(name="rescore-shard", task_run_name="rescore {run_id} {shard_id}", tags=["dataengine"])
-def rescore_shard(config: EngineConfig, run_id: str, shard_id: str, out_run_id: str, toolboxes: list[str]) -> dict[str, Any]:
-    from dataengine.stages.rescore import rescore_shard as run_stage
-    from dataengine.stages.resources import shared_resources
+def rescore_shard(config: EngineConfig, run_id: str, shard_id: str, out_run_id: str, toolboxes: list[str]) -> RescoreResult:
+    """The rescore stage's shard function (`rescore_shard_at`)."""
+    return rescore_shard_at(config, run_id, shard_id, out_run_id, toolboxes)
 
-    res = shared_resources(config, toolboxes, policy=False)
-    return {**dataclasses.asdict(run_stage(res, run_id, shard_id, out_run_id)),
-            "verifier_versions": res.reward.versions()}
+
+def prefect_rescore_shards(runtime: RuntimeConfig) -> RescoreExecutor:
+    """The rescore stage's executor on Prefect: one `rescore_shard` task per shard."""
+    def execute(config: EngineConfig, store: Any, run_id: str, out_run_id: str, shard_ids: list[str],
+                toolboxes: list[str]) -> list[RescoreResult]:
+        return submit_shards(rescore_shard, runtime, [(config, run_id, s, out_run_id, toolboxes) for s in shard_ids])
+
+    return execute
 
 
 @flow(name="rescore", log_prints=False)
@@ -126,22 +133,14 @@ def rescore_flow(
     runtime: RuntimeConfig | None = None,
 ) -> dict[str, Any]:
     """Re-run the verifiers (config.reward) over every trajectory of `run_id`, one task per
-    shard, writing run `out_run_id` (default `<run_id>/rescore`); committed shards are skipped."""
-    from dataengine.stages.rescore import default_out_run, record_rescore_run, rescore_plan, run_toolboxes
-    from dataengine.stages.resources import open_store
-
+    shard, writing run `out_run_id` (default `<run_id>/rescore`); committed shards are skipped.
+    The rescore stage's driver (`dataengine.stages.rescore.rescore`) with Prefect tasks."""
     config, runtime = config or EngineConfig(), runtime or RuntimeConfig()
-    out_run_id = out_run_id or default_out_run(run_id)
-    store = open_store(config.store, create=False)
-    shard_ids, todo = rescore_plan(store, run_id, out_run_id)
-    toolboxes = run_toolboxes(store, run_id)
-    shard_task = rescore_shard.with_options(**shard_options(runtime))
-    results = [f.result() for f in [shard_task.submit(config, run_id, s, out_run_id, toolboxes) for s in todo]]
-    versions = next((r["verifier_versions"] for r in results), {})
-    record_rescore_run(store, config, run_id, out_run_id, versions)
+    done = rescore(config, run_id, out_run_id, execute=prefect_rescore_shards(runtime))
+    results = [dataclasses.asdict(r) for r in done.shards]
     create_markdown_artifact(
         key=artifact_key("rescore", run_id),
-        markdown=rows_markdown(f"rescore {run_id} -> {out_run_id} (skipped {len(shard_ids) - len(results)} committed)",
+        markdown=rows_markdown(f"rescore {run_id} -> {done.run_id} (skipped {done.skipped} committed)",
                                results, ["shard_id", "trajectories", "changed", "successes_before", "successes_after"]),
     )
-    return {"run_id": out_run_id, "shards": results, "skipped": len(shard_ids) - len(results)}
+    return {"run_id": done.run_id, "shards": results, "skipped": done.skipped}

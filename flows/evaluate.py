@@ -1,6 +1,7 @@
 """The evaluate flow: greedy success (and pass@k) of a model on held-out tasks of each suite,
-one Prefect task per suite, written to the store's evals table. Thin: each task runs the
-evaluate stage (dataengine.stages.evaluate.evaluate_suite)."""
+one Prefect task per suite, written to the store's evals table. Thin: the flow is the evaluate
+stage's driver (dataengine.stages.evaluate.evaluate) handed Prefect tasks, each running the
+stage's suite function (evaluate_suite_at)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,24 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
-from dataengine.config import EngineConfig
-from flows.runtime import (
-    RuntimeConfig,
-    accelerator_slot,
-    artifact_key,
-    ensure_accelerator_limit,
-    make_task_runner,
-    shard_options,
-)
+from dataengine.config import EngineConfig, RuntimeConfig
+from dataengine.stages.evaluate import EvaluateExecutor, evaluate, evaluate_suite_at
+from flows.runtime import accelerator_slot, artifact_key, ensure_accelerator_limit, make_task_runner, submit_shards
 
 
 @task(name="evaluate-suite", task_run_name="evaluate {suite} ({run_id})", tags=["dataengine", "accelerator"])
 def evaluate_suite(config: EngineConfig, suite: str, run_id: str) -> dict[str, Any]:
-    """The evaluate stage on one suite with the policy and sandbox this process keeps."""
-    from dataengine.stages.evaluate import evaluate_suite as run_stage
-    from dataengine.stages.evaluate import heldout_tasks
-    from dataengine.stages.resources import shared_resources
+    """The evaluate stage's suite function (`evaluate_suite_at`) holding an accelerator slot."""
+    return evaluate_suite_at(config, suite, run_id, slot=accelerator_slot)
 
-    tasks = heldout_tasks(config, suite)
-    with accelerator_slot():
-        return run_stage(shared_resources(config, sorted({t.toolbox for t in tasks})), suite, run_id, tasks=tasks)
+
+def prefect_suites(runtime: RuntimeConfig) -> EvaluateExecutor:
+    """The evaluate stage's executor on Prefect: one `evaluate_suite` task per suite."""
+    def execute(config: EngineConfig, suites: list[tuple[str, str, list[Any]]]) -> list[dict[str, Any]]:
+        ensure_accelerator_limit(runtime.accelerator_slots)
+        return submit_shards(evaluate_suite, runtime, [(config, suite, run_id) for suite, run_id, _ in suites])
+
+    return execute
 
 
 def evaluation_markdown(run_id: str, results: list[dict[str, Any]]) -> str:
@@ -48,9 +46,7 @@ def evaluate_flow(config: EngineConfig | None = None, run_id: str = "evaluate",
     """Evaluate config.policy.model on config.eval.num_tasks held-out tasks of every suite in
     config.suites (config.eval: pass@k, search at inference, seed)."""
     config, runtime = config or EngineConfig(), runtime or RuntimeConfig()
-    ensure_accelerator_limit(runtime.accelerator_slots)
-    suite_task = evaluate_suite.with_options(**shard_options(runtime))
-    results = [f.result() for f in [suite_task.submit(config, s, run_id) for s in config.suites]]
+    results = evaluate(config, run_id, execute=prefect_suites(runtime))
     create_markdown_artifact(key=artifact_key("evaluate", run_id), markdown=evaluation_markdown(run_id, results))
     return results
 

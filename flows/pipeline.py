@@ -15,123 +15,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from pydantic import Field, field_validator, model_validator
 
-from dataengine.config import EngineConfig, Section
+# PipelineConfig and round_engine live in the config tree; re-exported for the flow's callers.
+from dataengine.config import FIXED_ACROSS_ROUNDS, EngineConfig, PipelineConfig, round_engine
 from dataengine.stages.resources import release_policies
 from dataengine.stages.train import DATASET
-from flows.derived import DERIVED, derive_flow, export_flow
+from flows.derived import derive_flow, export_flow
 from flows.evaluate import evaluate_flow
 from flows.generate import generate_flow
-from flows.runtime import RuntimeConfig, artifact_key, make_task_runner
+from flows.runtime import artifact_key, make_task_runner
 from flows.train import train_dpo_flow, train_grpo_flow, train_sft_flow
 
 TRAIN_FLOWS = {"dpo": train_dpo_flow, "sft": train_sft_flow, "grpo": train_grpo_flow}
-
-
-class PipelineConfig(Section):
-    """A whole self-improvement run: the engine config, rounds, trainers, evaluation size."""
-
-    run_id: str = Field("pipeline", min_length=1, description="run id prefix of every run the pipeline writes")
-    rounds: int = Field(1, ge=1, description="generate -> derive -> train -> evaluate rounds")
-    trainers: list[Literal["dpo", "sft", "grpo"]] = Field(
-        default_factory=lambda: ["dpo"], description="trainers run in order each round, each from the last checkpoint"
-    )
-    derive: list[Literal["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]] = Field(
-        default_factory=lambda: list(DERIVED), description="datasets derived from each round's trees"
-    )
-    out_dir: str = Field("runs/pipeline", description="folder for exported datasets and checkpoints")
-    engine: EngineConfig = Field(
-        default_factory=EngineConfig,
-        description="every stage's settings: generate (method), search, policy, derive, train (per trainer), eval",
-    )
-    curriculum: list[list[int]] = Field(
-        default_factory=list,
-        description="task levels searched per round, e.g. [[1], [1, 2], [1, 2, 3]] (the last entry repeats; "
-                    "empty: engine.levels every round)",
-    )
-    round_settings: dict[int, dict[str, Any]] = Field(
-        default_factory=dict,
-        description="engine settings that change from a round on: {2: {'search.objective': 'efficient_success'}} "
-                    "(dotted paths under engine; an entry holds for its round and every later one)",
-    )
-    round_trainers: dict[int, list[Literal["dpo", "sft", "grpo"]]] = Field(
-        default_factory=dict,
-        description="trainers that change from a round on: {2: ['sft']} (an entry holds for its round and every "
-                    "later one; earlier rounds run `trainers`)",
-    )
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-
-    @field_validator("round_trainers")
-    @classmethod
-    def _trainer_rounds(cls, value: dict[int, list[str]]) -> dict[int, list[str]]:
-        for r, kinds in value.items():
-            if r < 1:
-                raise ValueError(f"round_trainers: rounds count from 1, not {r}")
-            if not kinds:
-                raise ValueError(f"round_trainers[{r}]: name at least one trainer (a round without training "
-                                 "evaluates the same model again)")
-        return value
-
-    @field_validator("round_settings", mode="before")
-    @classmethod
-    def _dotted(cls, value: Any) -> Any:
-        # A config file may nest them ({2: {search: {objective: ...}}}): one dotted path per leaf.
-        def flat(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            for key, leaf in node.items():
-                out.update(flat(leaf, f"{prefix}{key}.") if isinstance(leaf, dict) else {f"{prefix}{key}": leaf})
-            return out
-
-        if isinstance(value, dict):
-            return {r: flat(s) if isinstance(s, dict) else s for r, s in value.items()}
-        return value
-
-    @field_validator("round_settings")
-    @classmethod
-    def _rounds_and_keys(cls, value: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-        for r, settings in value.items():
-            if r < 1:
-                raise ValueError(f"round_settings: rounds count from 1, not {r}")
-            fixed = sorted(set(settings) & FIXED_ACROSS_ROUNDS)
-            if fixed:
-                raise ValueError(f"round_settings: {fixed[0]!r} cannot change between rounds (the pipeline sets it)")
-        return value
-
-    @model_validator(mode="after")
-    def _round_settings_validate(self) -> PipelineConfig:
-        for r in self.round_settings:
-            round_engine(self, r)
-        return self
-
-
-# Settings the pipeline itself sets per round (the store it writes, the checkpoint it searches
-# with, the seed it derives from engine.seed), so round_settings may not name them.
-FIXED_ACROSS_ROUNDS = frozenset({"store", "seed", "policy.model", "levels"})
-
-
-def round_engine(config: PipelineConfig, r: int) -> EngineConfig:
-    """The engine settings of round `r`: config.engine with every round_settings entry of
-    rounds 1..r applied in round order (round 0, the base model's evaluation, uses the engine's).
-    ValueError naming the path when one is not an engine setting or its value does not validate."""
-    data = config.engine.model_dump()
-    for start in sorted(k for k in config.round_settings if k <= r):
-        for dotted, value in config.round_settings[start].items():
-            *parents, leaf = dotted.split(".")
-            node: Any = data
-            for part in parents:
-                node = node.get(part) if isinstance(node, dict) else None
-            if not isinstance(node, dict) or leaf not in node:
-                raise ValueError(f"round_settings[{start}]: engine has no setting {dotted!r}")
-            node[leaf] = value
-    try:
-        return EngineConfig.model_validate(data)
-    except ValueError as exc:
-        raise ValueError(f"round_settings of rounds <= {r}: {exc}") from None
+__all__ = ["FIXED_ACROSS_ROUNDS", "PipelineConfig", "round_engine"]
 
 
 def round_run(run_id: str, r: int) -> str:

@@ -17,40 +17,16 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
-
-from dataengine.config import Section
+from dataengine.config import RuntimeConfig
 from dataengine.stages.resources import release_resources  # noqa: F401 - flows' public cleanup
 from flows import FILE_LEASES
 
+__all__ = ["RuntimeConfig"]  # re-exported: flows take it as `runtime`
+
 # Global concurrency limit held while a task uses the model (GPU, or the CPU cores on a laptop).
 ACCELERATOR = "dataengine-accelerator"
-
-
-class RuntimeConfig(Section):
-    """Where and how the tasks of a flow run."""
-
-    task_runner: Literal["thread", "ray"] = Field("thread", description="run shards in threads here, or on Ray")
-    workers: int = Field(2, ge=1, description="threads of the thread runner")
-    ray_address: str | None = Field(
-        None, description="Ray cluster address ('auto', 'host:6379' of a head node, 'ray://host:10001'); None starts a local Ray"
-    )
-    ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray instance (None: all)")
-    gpus_per_shard: float = Field(0.0, ge=0, description="GPUs a shard task asks Ray for (one backend per GPU worker)")
-    shard_resources: dict[str, float] = Field(
-        default_factory=dict,
-        description="custom Ray resources a shard task asks for, e.g. {'worker': 1}: shards run only on nodes "
-                    "started with --resources '{\"worker\": 1}'",
-    )
-    ray_spread: bool = Field(
-        False, description="Ray's SPREAD scheduling: shard tasks go to the nodes in turn instead of filling the first node")
-    ray_max_retries: int | None = Field(
-        None, ge=0, description="Ray's reruns of a shard task whose worker process or node died (None: Ray's default, 3)")
-    accelerator_slots: int = Field(1, ge=1, description="shard tasks using the model at the same time")
-    retries: int = Field(2, ge=0, description="retries of a shard after a transient error")
-    retry_delay_s: float = Field(2.0, ge=0, description="first retry delay; doubles each retry (jittered)")
 
 
 def transient(exc: BaseException | None) -> bool:
@@ -125,6 +101,21 @@ def ray_options(runtime: RuntimeConfig) -> dict[str, Any]:
     if runtime.ray_max_retries is not None:
         options["max_retries"] = runtime.ray_max_retries
     return options
+
+
+def submit_shards(task: Any, runtime: RuntimeConfig, calls: list[tuple[Any, ...]]) -> list[Any]:
+    """The Prefect shard executor: `task` submitted once per argument tuple of `calls` on the
+    flow's task runner (threads or Ray), with `shard_options(runtime)` and, on Ray,
+    `ray_options(runtime)`; the results in the order of `calls`."""
+    shard_task = task.with_options(**shard_options(runtime))
+    if runtime.task_runner == "ray" and ray_options(runtime):
+        from prefect_ray.context import remote_options
+
+        with remote_options(**ray_options(runtime)):
+            futures = [shard_task.submit(*args) for args in calls]
+    else:
+        futures = [shard_task.submit(*args) for args in calls]
+    return [f.result() for f in futures]
 
 
 def node_info() -> dict[str, Any]:

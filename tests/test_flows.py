@@ -68,6 +68,48 @@ def test_generate_then_rerun_skips_committed_shards(tmp_path):
     assert rescore_flow(config=tiny_config(tmp_path / "store", num_tasks=6), run_id="g1")["skipped"] == 3
 
 
+def test_rescore_records_its_run_alike_from_the_cli_and_the_flow(tmp_path):
+    """One driver: the lineage row is recorded before the shards, with the verifier versions,
+    by `dataengine rescore`'s in-process path and the flow alike; a rerun with every shard done
+    leaves it as it was."""
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from dataengine.commands import derive_eval
+    from dataengine.stages.generate import generate
+    from flows.derived import rescore_flow
+    from storage import Store
+
+    config = tiny_config(tmp_path / "store", num_tasks=2)
+    generate(config, run_id="g", progress=False)
+    store = Store(tmp_path / "store")
+
+    def row(run_id: str) -> dict:
+        rows = store.runs().filter(pl.col("run_id") == run_id).collect().to_dicts()
+        assert len(rows) == 1, rows
+        return {"kind": rows[0]["kind"], "versions": json.loads(rows[0]["verifier_versions_json"]),
+                "source": json.loads(rows[0]["config_json"])["source_run"]}
+
+    app = typer.Typer()
+    derive_eval.register(app)
+
+    def cli() -> str:
+        out = CliRunner().invoke(app, ["rescore", "--run", "g", "--out-run", "g/cli", "--store", str(store.root)])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    shards = [json.loads(line) for line in cli().splitlines()]
+    flow = rescore_flow(config=config, run_id="g", out_run_id="g/flow")
+    assert [s["trajectories"] for s in shards] == [s["trajectories"] for s in flow["shards"]]
+    assert row("g/cli") == row("g/flow") and row("g/cli")["versions"] and row("g/cli")["kind"] == "rescore"
+    before = {r: row(r) for r in ("g/cli", "g/flow")}
+    assert "nothing to do" in cli()
+    assert rescore_flow(config=config, run_id="g", out_run_id="g/flow")["skipped"] == 1
+    assert {r: row(r) for r in before} == before
+
+
 def test_importing_flows_creates_a_nested_prefect_home(tmp_path):
     """Prefect makes only PREFECT_HOME's last level; without its parent the embedded API cannot
     open its database and a flow waits on it. Importing `flows` creates the whole path."""

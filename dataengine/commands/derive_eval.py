@@ -103,8 +103,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from dataengine.config import ConfigError, load_config
-        from dataengine.stages import Resources
-        from dataengine.stages.evaluate import evaluate_suite, heldout_tasks
+        from dataengine.stages.evaluate import evaluate
         from storage import StoreError
 
         try:
@@ -116,15 +115,8 @@ def register(app: typer.Typer) -> None:
                 eval__temperature=temperature, eval__max_new_tokens=max_new_tokens,
                 search__max_depth=max_steps, search__value=value,
             )
-            per_suite = {s: heldout_tasks(engine, s) for s in engine.suites}
-        except (ConfigError, ValueError) as exc:
-            _fail(str(exc))
-        toolboxes = sorted({t.toolbox for ts in per_suite.values() for t in ts})
-        try:
-            with Resources.open(engine, toolboxes) as res:
-                results = [evaluate_suite(res, s, run_id or f"eval-{s}-{engine.eval.seed}", tasks=ts)
-                           for s, ts in per_suite.items()]
-        except (StoreError, FileNotFoundError) as exc:
+            results = evaluate(engine, run_id)
+        except (ConfigError, StoreError, FileNotFoundError, ValueError) as exc:
             _fail(str(exc))
         for r in results:
             table = Table("metric", "value", "95% CI", "n",
@@ -151,7 +143,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             engine = load_config(config, store=str(store) if store else None)
-            results = rescore(engine, run, out_run)
+            results = rescore(engine, run, out_run).shards
         except (ConfigError, StoreError, ValueError) as exc:
             _fail(str(exc))
         if not results:

@@ -98,7 +98,8 @@ def register(app: typer.Typer) -> None:
         if ray or ray_address:
             overrides.update(runtime__task_runner="ray", runtime__ray_address=ray_address)
         overrides.update(dotted_overrides(set_))
-        from flows.pipeline import PipelineConfig, run_pipeline
+        from dataengine.config import PipelineConfig
+        from flows.pipeline import run_pipeline
 
         try:
             cfg = load_config(config, model=PipelineConfig, **overrides)

@@ -1,9 +1,13 @@
 """The evaluate stage: one suite's held-out tasks, the policy's greedy success, pass@k and
 (optionally) search at inference, with config.reward's verifiers, written to the `evals` table
-as shard "<model_id>/<suite>/heldout" of a run (skipped when that shard is committed)."""
+as shard "<model_id>/<suite>/heldout" of a run (skipped when that shard is committed).
+`evaluate` is the one driver over config.suites (`dataengine eval` and the evaluate flow differ
+only in the executor)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from dataengine.config import EngineConfig
@@ -71,3 +75,41 @@ def evaluate_suite(resources: Resources, suite: str, run_id: str, *, tasks: list
     return {"suite": suite, "model_id": report.model_id, "skipped": False, "seconds": report.seconds,
             "version": version, "metrics": {m.metric: (m.value, m.ci_low, m.ci_high) for m in report.metrics},
             "n": {m.metric: m.n for m in report.metrics}}
+
+
+def evaluate_suite_at(config: EngineConfig, suite: str, run_id: str, *,
+                      slot: Callable[[], AbstractContextManager[Any]] = nullcontext) -> dict[str, Any]:
+    """`evaluate_suite` with the policy and sandbox this process keeps (`shared_resources`),
+    inside `slot()` (the flows' accelerator slot): what one flow task runs."""
+    from dataengine.stages.resources import shared_resources
+
+    tasks = heldout_tasks(config, suite)
+    with slot():
+        return evaluate_suite(shared_resources(config, sorted({t.toolbox for t in tasks})), suite, run_id, tasks=tasks)
+
+
+def default_eval_run(config: EngineConfig, suite: str) -> str:
+    """The run id of `dataengine eval` without --run-id: eval-<suite>-<eval.seed>."""
+    return f"eval-{suite}-{config.eval.seed}"
+
+
+# A suite executor: (config, [(suite, run id, held-out tasks)]) -> one result per suite, in order;
+# `in_process` for the CLI, Prefect tasks in flows/.
+EvaluateExecutor = Callable[[EngineConfig, list[tuple[str, str, list[Any]]]], list[dict[str, Any]]]
+
+
+def in_process(config: EngineConfig, suites: list[tuple[str, str, list[Any]]]) -> list[dict[str, Any]]:
+    """The serial executor: every suite in this process with one policy and one sandbox."""
+    toolboxes = sorted({t.toolbox for _, _, tasks in suites for t in tasks})
+    with Resources.open(config, toolboxes) as res:
+        return [evaluate_suite(res, suite, run_id, tasks=tasks) for suite, run_id, tasks in suites]
+
+
+def evaluate(config: EngineConfig, run_id: str | None = None, *,
+             execute: EvaluateExecutor = in_process) -> list[dict[str, Any]]:
+    """Every suite of config.suites on its held-out tasks (`heldout_tasks`, drawn and checked
+    before any model loads), through `execute` (`dataengine eval`: in this process; the
+    evaluate flow: one Prefect task per suite). run_id None: `default_eval_run` per suite.
+    Returns one `evaluate_suite` result per suite, in config.suites order."""
+    suites = [(s, run_id or default_eval_run(config, s), heldout_tasks(config, s)) for s in config.suites]
+    return execute(config, suites)

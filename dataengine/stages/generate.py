@@ -2,16 +2,16 @@
 sampled) and committed.
 
     plan = plan_generate(config)                       # run id, settings key + shards
-    with Resources.open(config, plan.toolboxes) as res:
-        plan.check_resume(res.store)                   # a run id holds one configuration
-        record_generate_run(res.store, config, plan, model_id=res.policy.model_id,
-                            verifier_versions=res.reward.versions())
-        for shard in plan.todo(res.store):
-            generate_shard(res, plan.run_id, shard)
+    todo = plan.todo(store)
+    plan.check_resume(store)                           # a run id holds one configuration
+    record_generate_run(store, config, plan, ...)      # before the first shard commits
+    results = execute(config, plan, store, todo)       # generate_shard per shard
+    record_generate_run(store, config, plan, model_id=results[0].model_id, ...)
 
-`dataengine generate` runs that loop (`generate`); the generate flow runs `generate_shard` as one
-Prefect task per shard. Both derive a shard's seed the same way (config.seed + 1000 * index),
-so the CLI and the flow write the same trees.
+`generate` is that driver, the only one: `dataengine generate` hands it `in_process()` (the
+shards one after another here), the generate flow an executor of Prefect tasks, each running
+`generate_shard_at` on threads or Ray. A shard's seed is config.seed + 1000 * index either
+way, so the CLI and the flow write the same trees.
 
 Per shard: one Delta transaction per table, in the order nodes, trajectories, tasks; the `tasks`
 rows mark the shard committed, so a rerun with the same run id skips it. The run's `runs` row
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,10 @@ class ShardResult:
     verify_seconds: float = 0.0
     store_seconds: float = 0.0
     seconds: float = 0.0
+    model_seconds: float = 0.0
+    model_id: str | None = None
+    verifier_versions: dict[str, str] | None = None
+    node: dict[str, Any] | None = None
 
     @property
     def solved(self) -> int:
@@ -127,7 +132,9 @@ class GenerateSummary:
     (0 for baselines); successes: successful trajectories; solved: tasks with at least one;
     seconds: wall time of this call; model_seconds: time inside the policy (sampling, scoring);
     env_seconds / verify_seconds / store_seconds: time in env steps (sandboxed tool calls),
-    terminal verifiers and store writes.
+    terminal verifiers and store writes. The totals count this call's shards; `shards` holds
+    every shard of the run in order, those committed by an earlier call with skipped=True and
+    their counts read back from the store (`committed_shard_counts`).
     """
 
     run_id: str
@@ -149,6 +156,7 @@ class GenerateSummary:
     shards_skipped: int = 0
     solved_task_ids: list[str] = field(default_factory=list)
     task_tokens: dict[str, int] = field(default_factory=dict)
+    shards: list[ShardResult] = field(default_factory=list)
 
     @property
     def successes_per_million_tokens(self) -> float:
@@ -170,11 +178,12 @@ class GenerateSummary:
         self.solved += shard.solved
         self.solved_task_ids += shard.solved_task_ids
         self.task_tokens.update(shard.task_tokens)
+        self.model_seconds += shard.model_seconds
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.pop("solved_task_ids")
-        out.pop("task_tokens")
+        for name in ("solved_task_ids", "task_tokens", "shards"):
+            out.pop(name)
         out["successes_per_million_tokens"] = round(self.successes_per_million_tokens, 1)
         out["outside_model_share"] = round(self.outside_model_share, 4)
         return out
@@ -363,7 +372,9 @@ def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
         return ShardResult(shard.shard_id, skipped=True)
     check_no_overlap(store, run_id, shard)
     g = config.generate
-    out = run_shard(shard.shard_id, shard.tasks, method=g.method, policy=resources.policy, env=resources.env,
+    policy = resources.policy
+    model_before = policy.stats.seconds
+    out = run_shard(shard.shard_id, shard.tasks, method=g.method, policy=policy, env=resources.env,
                     reward=resources.reward, config=config, seed=config.seed + SHARD_SEED_STRIDE * shard.index,
                     n=g.n, prior=g.prior, rollouts=g.rollouts, value_model=resources.value_model,
                     on_progress=on_progress)
@@ -384,35 +395,92 @@ def generate_shard(resources: Resources, run_id: str, shard: Shard, *,
         verify_seconds=out.verify_seconds,
         store_seconds=time.perf_counter() - written,
         seconds=time.perf_counter() - start,
+        model_seconds=policy.stats.seconds - model_before,
+        model_id=policy.model_id,
+        verifier_versions=resources.reward.versions(),
     )
 
 
-def generate(config: EngineConfig, *, tasks: Sequence[Task] | None = None, run_id: str | None = None,
-             store: Any = None, policy: Any = None, env: Any = None, progress: bool = True) -> GenerateSummary:
-    """Every shard of a generate run, one after another in this process (`dataengine generate`).
+def generate_shard_at(config: EngineConfig, run_id: str, index: int, *,
+                      slot: Callable[[], AbstractContextManager[Any]] = nullcontext,
+                      log: Callable[[str], None] | None = None) -> ShardResult:
+    """Shard `index` of `config`'s generate run `run_id`, with the policy and sandbox this
+    process keeps (`shared_resources`): what one flow task runs. Skipped (skipped=True, no
+    counts) when committed; otherwise searched inside `slot()` (the flows' accelerator slot),
+    its progress as log lines through `log`."""
+    from dataengine.stages.progress import Progress
+    from dataengine.stages.resources import open_store, shared_resources
 
-    tasks: default `config_tasks(config)`; store: a Store or a path (default config.store);
-    policy / env: built from the config when not given. Committed shards are skipped.
-    """
+    plan = plan_generate(config, run_id=run_id)
+    if not 0 <= index < len(plan.shards):
+        raise ValueError(f"shard index {index} out of range: the config has {len(plan.shards)} shard(s)")
+    shard = plan.shards[index]
+    if shard.shard_id in open_store(config.store).committed_shards("tasks", run_id):
+        return ShardResult(shard.shard_id, skipped=True)
+    with slot():
+        res = shared_resources(config, plan.toolboxes)
+        label = f"{config.generate.method} shard {index}"
+        with Progress(len(shard.tasks), label, terminal=False, log=log) as bar:
+            return generate_shard(res, run_id, shard, on_progress=bar.update)
+
+
+# A shard executor runs the shards a driver hands it and returns their results in order:
+# `in_process` (the CLI: one after another here), or Prefect tasks on threads or Ray (flows/).
+GenerateExecutor = Callable[[EngineConfig, GeneratePlan, Any, list[Shard]], list[ShardResult]]
+
+
+def in_process(*, policy: Any = None, env: Any = None, progress: bool = True) -> GenerateExecutor:
+    """The serial executor: the shards one after another in this process, with one Resources
+    (`policy` / `env` used when given, else built from the config) and one progress bar."""
     from dataengine.stages.progress import Progress
 
-    started = time.perf_counter()
-    plan = plan_generate(config, tasks=tasks, run_id=run_id)
-    with Resources.open(config, plan.toolboxes, policy=policy, env=env, store=store) as res:
-        summary = GenerateSummary(run_id=plan.run_id, method=config.generate.method, store=str(res.store.root))
-        todo = plan.todo(res.store)
-        summary.shards_skipped = len(plan.shards) - len(todo)
-        if not todo:
-            summary.seconds = time.perf_counter() - started
-            return summary
-        plan.check_resume(res.store)  # before the policy loads: a refused resume fails in seconds
-        model_before = res.policy.stats.seconds
-        record_generate_run(res.store, config, plan, model_id=res.policy.model_id,
-                            verifier_versions=res.reward.versions())
-        with Progress(sum(len(s.tasks) for s in todo), config.generate.method, enabled=progress) as bar:
+    def execute(config: EngineConfig, plan: GeneratePlan, store: Any, todo: list[Shard]) -> list[ShardResult]:
+        results = []
+        with Resources.open(config, plan.toolboxes, policy=policy, env=env, store=store) as res, \
+                Progress(sum(len(s.tasks) for s in todo), config.generate.method, enabled=progress) as bar:
             for shard in todo:
-                summary.add(generate_shard(res, plan.run_id, shard, on_progress=bar.update))
+                results.append(generate_shard(res, plan.run_id, shard, on_progress=bar.update))
                 bar.finish_shard()
-        summary.model_seconds = res.policy.stats.seconds - model_before
+        return results
+
+    return execute
+
+
+def generate(config: EngineConfig, *, tasks: Sequence[Task] | None = None, run_id: str | None = None,
+             store: Any = None, policy: Any = None, env: Any = None, progress: bool = True,
+             execute: GenerateExecutor | None = None) -> GenerateSummary:
+    """Every shard of a generate run not yet committed, through `execute` (default
+    `in_process(policy=, env=, progress=)`: `dataengine generate`; the generate flow passes
+    Prefect tasks). The one driver of the stage: plan, refuse a resume with other settings or
+    tasks, put the run's lineage row on record before the first shard commits, run the shards,
+    rewrite the row with the model id and verifier versions the shards report.
+
+    tasks: default `config_tasks(config)`; store: a Store or a path (default config.store).
+    """
+    from dataengine.stages.resources import open_store, verifier_versions
+
+    started = time.perf_counter()
+    execute = execute or in_process(policy=policy, env=env, progress=progress)
+    plan = plan_generate(config, tasks=tasks, run_id=run_id)
+    store = open_store(config.store if store is None else store)
+    summary = GenerateSummary(run_id=plan.run_id, method=config.generate.method, store=str(store.root))
+    todo = plan.todo(store)
+    if todo:
+        plan.check_resume(store)  # before any model loads: a refused resume fails in seconds
+        if not store.committed_shards("tasks", plan.run_id):
+            # A fresh run's settings key is on record before its first shard commits; the model id,
+            # known where the shards run, comes with the row rewritten after them.
+            record_generate_run(store, config, plan, model_id=None, verifier_versions=verifier_versions(config))
+        new = {r.shard_id: r for r in execute(config, plan, store, todo) if not r.skipped}
+    else:
+        new = {}
+    stored = committed_shard_counts(store, plan.run_id) if len(new) < len(plan.shards) else {}
+    summary.shards = [new.get(s.shard_id) or stored.get(s.shard_id) or ShardResult(s.shard_id, skipped=True)
+                      for s in plan.shards]
+    for shard in summary.shards:
+        summary.add(shard)
+    if new:
+        first = next(iter(new.values()))
+        record_generate_run(store, config, plan, model_id=first.model_id, verifier_versions=first.verifier_versions)
     summary.seconds = time.perf_counter() - started
     return summary

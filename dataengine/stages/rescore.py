@@ -2,13 +2,15 @@
 with the current verifiers (config.reward), written as a new run, shard by shard.
 
 Use it after a verifier changes (a new version in every Verdict) to re-label a store written
-under the old rule; derive then builds pairs and SFT rows from the rescored run.
+under the old rule; derive then builds pairs and SFT rows from the rescored run. `rescore` is
+the one driver (`dataengine rescore` and the rescore flow differ only in the executor).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from dataengine.config import EngineConfig
@@ -93,6 +95,15 @@ def rescore_shard(resources: Resources, run_id: str, shard_id: str, out_run_id: 
                          successes_after=sum(bool(r["success"]) for r in rows))
 
 
+def rescore_shard_at(config: EngineConfig, run_id: str, shard_id: str, out_run_id: str,
+                     toolboxes: list[str]) -> RescoreResult:
+    """`rescore_shard` with the sandbox this process keeps (`shared_resources`, no model):
+    what one flow task runs."""
+    from dataengine.stages.resources import shared_resources
+
+    return rescore_shard(shared_resources(config, toolboxes, policy=False), run_id, shard_id, out_run_id)
+
+
 def record_rescore_run(store: Any, config: EngineConfig, run_id: str, out_run_id: str,
                        verifier_versions: dict[str, str]) -> None:
     """The rescored run's lineage row (source run, config, verifier versions)."""
@@ -100,17 +111,42 @@ def record_rescore_run(store: Any, config: EngineConfig, run_id: str, out_run_id
                      verifier_versions=verifier_versions, seed=config.seed, source_versions=store.table_versions())
 
 
-def rescore(config: EngineConfig, run_id: str, out_run_id: str | None = None) -> list[RescoreResult]:
-    """Every shard of `run_id`, one after another (`dataengine rescore`); committed shards of
-    `out_run_id` (default `<run_id>/rescore`) are skipped."""
-    from dataengine.stages.resources import open_store
+@dataclass
+class RescoreRun:
+    """One call of the rescore stage: the rescored run, the shards rescored in this call (in
+    order), and how many were committed by an earlier call."""
+
+    run_id: str
+    shards: list[RescoreResult] = field(default_factory=list)
+    skipped: int = 0
+
+
+# A shard executor: (config, store, source run, rescored run, shard ids, toolboxes) -> results
+# in order; `in_process` for the CLI, Prefect tasks in flows/.
+RescoreExecutor = Callable[[EngineConfig, Any, str, str, list[str], list[str]], list[RescoreResult]]
+
+
+def in_process(config: EngineConfig, store: Any, run_id: str, out_run_id: str, shard_ids: list[str],
+               toolboxes: list[str]) -> list[RescoreResult]:
+    """The serial executor: the shards one after another in this process, one sandbox."""
+    with Resources.open(config, toolboxes, store=store) as res:
+        return [rescore_shard(res, run_id, shard_id, out_run_id) for shard_id in shard_ids]
+
+
+def rescore(config: EngineConfig, run_id: str, out_run_id: str | None = None, *,
+            execute: RescoreExecutor = in_process) -> RescoreRun:
+    """Every shard of `run_id` not yet rescored into `out_run_id` (default `<run_id>/rescore`),
+    through `execute` (`dataengine rescore`: in this process; the rescore flow: Prefect tasks).
+    The one driver of the stage: the run's lineage row, with config.reward's verifier versions,
+    is recorded before the first shard is written, and only when there is a shard to write, so
+    a rerun with nothing left leaves the row as it was."""
+    from dataengine.stages.resources import open_store, verifier_versions
 
     out_run_id = out_run_id or default_out_run(run_id)
     store = open_store(config.store, create=False)
-    _, todo = rescore_plan(store, run_id, out_run_id)
+    shard_ids, todo = rescore_plan(store, run_id, out_run_id)
     if not todo:
-        return []
-    with Resources.open(config, run_toolboxes(store, run_id), store=store) as res:
-        results = [rescore_shard(res, run_id, shard_id, out_run_id) for shard_id in todo]
-        record_rescore_run(store, config, run_id, out_run_id, res.reward.versions())
-    return results
+        return RescoreRun(out_run_id, skipped=len(shard_ids))
+    record_rescore_run(store, config, run_id, out_run_id, verifier_versions(config))
+    results = execute(config, store, run_id, out_run_id, todo, run_toolboxes(store, run_id))
+    return RescoreRun(out_run_id, results, skipped=len(shard_ids) - sum(not r.skipped for r in results))

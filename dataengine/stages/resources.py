@@ -22,11 +22,18 @@ from dataengine.config import EngineConfig
 
 
 def make_reward(config: EngineConfig, env: Any) -> Any:
-    """The composite reward of config.reward (empty weights: the documented defaults)."""
+    """The composite reward of config.reward (empty weights: the documented defaults); env None:
+    no replay (enough for its verifier versions, not for scoring tau2 end states)."""
     from dataengine.verifiers.composite import CompositeReward, RewardWeights
 
     weights = RewardWeights(shaping=dict(config.reward.weights)) if config.reward.weights else None
-    return CompositeReward(weights=weights, replay=env.replay)
+    return CompositeReward(weights=weights, replay=env.replay if env is not None else None)
+
+
+def verifier_versions(config: EngineConfig) -> dict[str, str]:
+    """Verifier name -> version of config.reward's composite reward, without a sandbox: what a
+    run's lineage row records before its shards run."""
+    return make_reward(config, None).versions()
 
 
 def make_sandbox(config: EngineConfig, toolboxes: Sequence[str]) -> Any:
