@@ -1,13 +1,15 @@
 """The `openai` backend against a real `vllm serve` of SmolLM2 on 127.0.0.1, and the in-process
 `vllm` backend on the same prompts.
 
-Both need vLLM, so this file runs in `.venv-vllm` (`make test-vllm`, which `make test` runs);
-where vLLM is not installed the module is skipped. One server per module (about 45 s to start);
-the last test kills it mid-run and starts another.
+The server tests need vLLM, so they run in `.venv-vllm` (`make test-vllm`, which `make test`
+runs) and are skipped where vLLM is not installed; the settings and error tests at the top run in
+either environment. One server per module (about 45 s to start); the last test kills it mid-run
+and starts another.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -19,15 +21,14 @@ from pathlib import Path
 
 import pytest
 
-vllm = pytest.importorskip("vllm")
-pytest.importorskip("openai")
+from dataengine.config import EngineConfig, PolicyConfig
+from dataengine.models import model_folder
+from dataengine.policy import Conversation, make_policy
+from dataengine.policy.openai import EndpointError, route, vllm_server_command, wait_until_served
+from dataengine.suites import generate_suite
 
-from dataengine.models import model_folder  # noqa: E402
-from dataengine.policy import Conversation, make_policy  # noqa: E402
-from dataengine.policy.openai import EndpointError, vllm_server_command, wait_until_served  # noqa: E402
-from dataengine.suites import generate_suite  # noqa: E402
-
-pytestmark = pytest.mark.slow
+# A vllm server and engine: .venv-vllm only, and slow (about 45 s per server start).
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is installed in .venv-vllm only")
 
 
 def free_port() -> int:
@@ -80,6 +81,8 @@ def convs():
     return [Conversation.from_task(t) for t in tasks]
 
 
+@pytest.mark.slow
+@needs_vllm
 def test_greedy_tokens_equal_in_process_vllm(served, engine, convs):
     assert [served.encode(c) for c in convs] == [engine.encode(c) for c in convs]
     got = served.sample(convs, 1, max_new_tokens=40, temperature=0.0)
@@ -93,6 +96,8 @@ def test_greedy_tokens_equal_in_process_vllm(served, engine, convs):
     assert served.model_id == engine.model_id
 
 
+@pytest.mark.slow
+@needs_vllm
 def test_k_samples_are_seeded_and_scored_like_in_process(served, engine, convs):
     rows = served.sample(convs[:4], 4, max_new_tokens=24, temperature=0.7, seed=3)
     again = served.sample(convs[:4], 4, max_new_tokens=24, temperature=0.7, seed=3)
@@ -105,6 +110,8 @@ def test_k_samples_are_seeded_and_scored_like_in_process(served, engine, convs):
         assert got.logprobs == pytest.approx(want.logprobs, abs=2e-3)
 
 
+@pytest.mark.slow
+@needs_vllm
 def test_forced_prefix_and_counters(served, convs):
     forced = served.score(convs[:2], ["<tool_call>"] * 2, end_turn=False)
     before = served.stats.as_dict()
@@ -120,6 +127,8 @@ def test_forced_prefix_and_counters(served, convs):
     assert after["cached_tokens"] > before["cached_tokens"]
 
 
+@pytest.mark.slow
+@needs_vllm
 def test_chat_fallback_samples_k_turns(server, convs):
     chat = make_policy("openai", "smollm2", base_url=f"http://127.0.0.1:{server['port']}/v1", endpoint="chat")
     rows = chat.sample(convs[:2], 2, max_new_tokens=12, temperature=0.7, seed=1)
@@ -133,9 +142,43 @@ def test_chat_fallback_samples_k_turns(server, convs):
 
 
 def test_unreachable_endpoint_is_one_clear_error(convs):
-    dead = make_policy("openai", "smollm2", base_url=f"http://127.0.0.1:{free_port()}/v1", max_retries=1, timeout_s=5)
-    with pytest.raises(EndpointError, match=r"cannot connect after 1 retries"):
+    dead = make_policy("openai", "tiny", base_url=f"http://127.0.0.1:{free_port()}/v1", max_retries=1, timeout_s=5)
+    with pytest.raises(EndpointError, match=r"^served policy at http://127\.0\.0\.1:\d+/v1/: cannot connect after 1 retries"):
         dead.sample(convs[:2], 2, max_new_tokens=4)
+    assert isinstance(EndpointError("x"), ConnectionError)  # the flows retry it as transient
+
+
+def test_served_settings_are_checked_and_stay_out_of_the_run_id():
+    with pytest.raises(ValueError, match="backend 'openai' needs base_url"):
+        PolicyConfig(backend="openai")
+    assert PolicyConfig(backend="openai", base_url="http://127.0.0.1:8000/v1").base_url == ["http://127.0.0.1:8000/v1"]
+    with pytest.raises(ValueError, match="is not an http"):
+        make_policy("openai", "tiny", base_url="127.0.0.1:8000")
+    with pytest.raises(ValueError, match="no local tokenizer folder; set policy.tokenizer"):
+        make_policy("openai", "some-org/served-name", base_url="http://127.0.0.1:8000/v1")
+    a = EngineConfig.model_validate({"policy": {"backend": "openai", "base_url": ["http://a:1/v1"], "concurrency": 2}})
+    b = EngineConfig.model_validate({"policy": {"backend": "openai", "base_url": ["http://b:2/v1", "http://c:3/v1"]}})
+    assert a.output_settings() == b.output_settings()
+    c = EngineConfig.model_validate({"policy": {"backend": "openai", "base_url": ["http://a:1/v1"], "endpoint": "chat"}})
+    assert c.output_settings() != a.output_settings()
+
+
+def test_route_keeps_a_task_on_one_server_and_spreads_tasks(convs):
+    tasks = generate_suite("arithmetic", 40, 0, seed=1)
+    picks = [route(Conversation.from_task(t), 3) for t in tasks]
+    assert set(picks) == {0, 1, 2}
+    conv = convs[0]
+    later = conv.extend(*conv.messages[-1:])  # a deeper state of the same task
+    assert route(later, 3) == route(conv, 3)
+    assert route(conv, 1) == 0
+
+
+def test_generate_without_base_url_is_one_line(tmp_path):
+    cli = Path(sys.executable).with_name("dataengine")
+    done = subprocess.run([str(cli), "generate", "--backend", "openai", "--tasks", "1", "--store", str(tmp_path / "s"), "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "needs base_url (--base-url URL)" in done.stderr
 
 
 def generate_cmd(store: Path, config: Path) -> list[str]:
@@ -162,6 +205,8 @@ def committed(store: Path, run_id: str):
     return Store(store).read("tasks").filter(pl.col("run_id") == run_id).collect()
 
 
+@pytest.mark.slow
+@needs_vllm
 def test_generate_through_the_server_survives_a_killed_server(server, tmp_path):
     import polars as pl
 

@@ -24,8 +24,9 @@ locally unless the server returns them), forced prefixes and `score` (both refus
 
 Requests run on a thread pool of `concurrency` workers; the OpenAI client applies the timeout
 and retries connection errors, 408/409/429 and 5xx answers with exponential backoff. A request
-that still fails raises `EndpointError`, naming the endpoint, so a generate shard fails before
-its commit and a rerun samples it again. With several base URLs each state goes to the one its
+that still fails raises `EndpointError` (a ConnectionError, naming the endpoint), so a generate
+shard fails before its commit, the flows retry it as a transient error, and a rerun samples it
+again; a request the server refuses, or an answer without token ids or log-probs, is a ValueError. With several base URLs each state goes to the one its
 task's first turns hash to, so one tree's requests share one server's prefix cache.
 """
 
@@ -61,8 +62,10 @@ MAX_RETRIES = 3  # the OpenAI client's backoff: 0.5 s doubling, capped at 8 s
 CONCURRENCY = 8  # requests in flight per policy (one per state)
 
 
-class EndpointError(RuntimeError):
-    """A request to the served model failed after the client's retries (one line: endpoint, cause)."""
+class EndpointError(ConnectionError):
+    """A request to the served model failed after the client's retries: no connection, no answer
+    in time, or a server error (one line: endpoint, cause). A ConnectionError, so the flows'
+    shard retries treat it as transient; a request the server refuses (4xx) is a ValueError."""
 
 
 def _import_openai() -> Any:
@@ -192,7 +195,10 @@ class OpenAIPolicy(Policy):
         try:
             return make(client)
         except openai.APIStatusError as exc:
-            raise EndpointError(f"served policy at {client.base_url}: HTTP {exc.status_code}: {_one_line(exc.message)}") from exc
+            message = f"served policy at {client.base_url}: HTTP {exc.status_code}: {_one_line(exc.message)}"
+            if 400 <= exc.status_code < 500 and exc.status_code not in (408, 409, 429):
+                raise ValueError(message) from None
+            raise EndpointError(message) from exc
         except openai.APITimeoutError as exc:
             raise EndpointError(f"served policy at {client.base_url}: no answer within the timeout after {client.max_retries} retries") from exc
         except openai.APIConnectionError as exc:
@@ -253,7 +259,7 @@ class OpenAIPolicy(Policy):
             result = []
             for response in responses:
                 if len(response.choices) != k:
-                    raise EndpointError(f"served policy: asked for n={k} samples, the server returned {len(response.choices)}")
+                    raise ValueError(f"served policy: asked for n={k} samples, the server returned {len(response.choices)}")
                 result.append([self._to_sample(c) for c in sorted(response.choices, key=lambda c: c.index)])
             self.stats.calls += 1
             self.stats.sequences += len(convs) * k
@@ -275,7 +281,7 @@ class OpenAIPolicy(Policy):
         if token_ids is None and lp is not None:
             token_ids = [_token_id(t) for t in lp.tokens]
         if token_ids is None or None in token_ids or len(logprobs) != len(token_ids):
-            raise EndpointError(
+            raise ValueError(
                 "served policy: the server returned no token ids or no per-token log-probs; it must accept vLLM's "
                 "return_token_ids (or return_tokens_as_token_ids) and logprobs=0"
             )
@@ -359,7 +365,7 @@ class OpenAIPolicy(Policy):
             for p, t, text, response in zip(prompts, targets, continuations, responses):
                 steps = getattr(response.choices[0], "prompt_logprobs", None)
                 if steps is None:
-                    raise EndpointError("served policy: the server returned no prompt_logprobs; score needs vLLM's prompt_logprobs")
+                    raise ValueError("served policy: the server returned no prompt_logprobs; score needs vLLM's prompt_logprobs")
                 lps = [float(step[str(tid)]["logprob"]) for step, tid in zip(steps[len(p) :], t)]
                 result.append(Sample(text, tuple(t), tuple(lps), float(sum(lps)), len(t), "stop" if end_turn else "length"))
             self.stats.calls += 1
