@@ -90,6 +90,9 @@ def test_tables_hold_the_runs_numbers(store):
     assert verifiers["final_answer"]["pass_rate"] == pytest.approx(4 / 8)
     # A verifier that never applies has no pass rate, not 0.
     assert verifiers["format"]["applicable"] == 0 and verifiers["format"]["pass_rate"] is None
+    # ... nor a mean score: a verdict that does not apply scores 0 by convention.
+    assert verifiers["format"]["mean_score"] is None
+    assert verifiers["final_answer"]["mean_score"] == pytest.approx(4 / 8) and verifiers["final_answer"]["version"]
     assert t["pair_counts"].rows() == [("demo/r1", "step", 2, pytest.approx(0.5))]
     assert t["datasets"].rows() == [("pairs", "demo/r1", "step", 2)]
     # Why episodes fail: these hand-built episodes hold no messages, so every failure is "no call".
