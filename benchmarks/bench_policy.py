@@ -8,8 +8,6 @@ per tree (the root plus its gold first tool call and the real tool result). Mode
                B prompts (left-padded): every prompt is encoded K times.
   copy_k       encode each prompt once (one batched forward per round), copy its keys/values K
                times, decode with `model.generate` over the prefilled cache.
-  old          the previous `hf` backend (benchmarks/legacy_hf_policy.py): prefix LRU, K padded
-               copies of each prompt's keys/values, sdpa over a 4-D mask.
   new          `HFPolicy`: canonical prefix blocks, one copy of each prompt's keys/values for its
                K samples, one product over the prefix all prompts share, bit-identical per row.
   vllm         `VLLMPolicy` when vLLM imports, with the backend's engine defaults (on CPU eager
@@ -19,7 +17,8 @@ per tree (the root plus its gold first tool call and the real tool result). Mode
 
 Each policy's cache starts empty; a short warm-up call per mode runs first. Prints generated
 tokens/s per mode and the ratio of each to the strongest baseline (the fastest mode other than
-`new`), and how many sequences `new` and `old` share token for token (seeded per row).
+`new`), and how many sequences `new` shares token for token with transformers' `generate` given
+the same per-row draws (dataengine.policy.reference; untimed, checked after the timed modes).
 
     .venv/bin/python benchmarks/bench_policy.py            # SmolLM2, B=8, K=8, 32 new tokens
     .venv/bin/python benchmarks/bench_policy.py --quick    # tiny model, B=2, K=2, 8 tokens, 1 thread
@@ -30,15 +29,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-MODES = ("generate", "copy_k", "old", "new", "vllm", "vllm_compiled")
+MODES = ("generate", "copy_k", "new", "vllm", "vllm_compiled")
 # vllm_compiled is asked for by name: its start-up takes minutes, and one engine per run is safest.
 DEFAULT_MODES = MODES[:-1]
 
@@ -58,16 +54,6 @@ def build_states(n_trees: int):
         children = [o.state for o in env.step_many(roots, [render_tool_calls(t.gold.calls[:1]) for t in tasks])]
     as_conv = lambda s: Conversation(s.messages, s.task.tools)  # noqa: E731
     return [[as_conv(s) for s in roots], [as_conv(s) for s in children]]
-
-
-def legacy_policy_class():
-    """HFPolicy of benchmarks/legacy_hf_policy.py (the old path)."""
-    path = Path(__file__).with_name("legacy_hf_policy.py")
-    spec = importlib.util.spec_from_file_location("legacy_hf_policy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.HFPolicy
 
 
 def run_policy(policy, rounds, k, max_new_tokens):
@@ -162,7 +148,6 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rounds = build_states(args.trees)
     new = HFPolicy.load(args.model, device=args.device, dtype=getattr(torch, args.dtype))
-    old = legacy_policy_class()(new.model, new.tokenizer)
     expansions = sum(len(r) for r in rounds)
     prompt_tokens = [len(new.encode(c)) for r in rounds for c in r]
     print(f"model={args.model} device={new.device} "
@@ -178,8 +163,8 @@ def main() -> None:
             run_generate(new, warm, 1, 2, copy_k=mode == "copy_k")
             wall, generated, prefill = run_generate(new, rounds, args.k, args.max_new_tokens, copy_k=mode == "copy_k")
             results[mode] = {"seconds": wall, "generated_tokens": generated, "prefill_tokens": prefill}
-        elif mode in ("old", "new", "vllm", "vllm_compiled"):
-            policy = {"old": old, "new": new}.get(mode)
+        elif mode in ("new", "vllm", "vllm_compiled"):
+            policy = new if mode == "new" else None
             if mode.startswith("vllm"):
                 try:
                     from dataengine.policy import make_policy
@@ -225,10 +210,17 @@ def main() -> None:
         if mode in results:
             print(f"{mode} engine start-up (not in its timing): {results[mode]['startup_seconds']:.1f} s")
     summary = {"args": vars(args), "results": results, "strongest_baseline": best}
-    if "new" in outputs and "old" in outputs:
-        same = sum(a == b for a, b in zip(outputs["new"], outputs["old"]))
-        summary["identical_new_old"] = same
-        print(f"\nnew vs old: {same}/{len(outputs['new'])} sequences identical token for token (seeded per row)")
+    if "new" in outputs:
+        from dataengine.policy.reference import generate_reference
+
+        reference = [r.token_ids for states in rounds
+                     for row in generate_reference(new, states, args.k, max_new_tokens=args.max_new_tokens, seed=0)
+                     for r in row]
+        # a sample cut at a stop string is a prefix of its reference
+        same = sum(list(a) == b[: len(a)] for a, b in zip(outputs["new"], reference))
+        summary["identical_new_generate"] = same
+        print(f"\nnew vs transformers generate with the same draws: {same}/{len(reference)} sequences identical "
+              "token for token (seeded per row)")
     if "new" in results and best:
         print(f"new: {results['new']['generated_tokens_per_s']:.1f} generated tok/s, "
               f"{results['new']['ratio_vs_best_baseline']:.2f}x the strongest baseline ({best})")

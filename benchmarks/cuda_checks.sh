@@ -57,5 +57,5 @@ STEPS=${STEPS:-tests mcts compiled policy}
 [[ $STEPS == *compiled* ]] && timeout 200 $PY benchmarks/bench_mcts.py --device cuda --repeats 2 --compiled 2>&1 | tee "$OUT/bench_mcts_compiled_cuda.log"
 [[ $STEPS == *policy* ]] && for dtype in ${DTYPES:-float32 bfloat16}; do
   timeout 120 $PY benchmarks/bench_policy.py --device cuda --dtype $dtype --model "$MODEL" \
-    --modes generate,copy_k,old,new --json "$OUT/bench_policy_cuda_$dtype.json" 2>&1 | tee "$OUT/bench_policy_cuda_$dtype.log"
+    --modes generate,copy_k,new --json "$OUT/bench_policy_cuda_$dtype.json" 2>&1 | tee "$OUT/bench_policy_cuda_$dtype.log"
 done

@@ -98,7 +98,8 @@ def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | 
       runs: run_id, shard_id, kind, model_id, created_at (sorted by time);
       search_success: run_id, round, suite, source, episodes, successes, mean_reward, success_rate;
       evals: run_id, round, model_id, suite, metric, value, ci_low, ci_high, n;
-      verifiers: verifier, verdicts, applicable, passed, mean_score, pass_rate;
+      verifiers: verifier, version, verdicts, applicable, passed, mean_score (over applicable
+        verdicts; every score is in [0, 1]), pass_rate;
       failures: run_id, suite, kind, episodes, share (dataengine.failures: why episodes fail,
         by their first tool turn);
       datasets: table, run_id, kind, rows (derived pairs / sft / replay rows);
@@ -136,15 +137,17 @@ def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | 
         .explode("verdicts")
         .drop_nulls("verdicts")
         .unnest("verdicts")
-        .group_by(pl.col("name").alias("verifier"))
+        # one row per version: a version may change the score's scale (arguments_numeric 1 -> 2)
+        .group_by(pl.col("name").alias("verifier"), "version")
         .agg(
             verdicts=pl.len(),
             applicable=pl.col("passed").is_not_null().sum().cast(pl.Int64),
             passed=pl.col("passed").fill_null(False).sum().cast(pl.Int64),
-            mean_score=pl.col("score").mean(),
+            # a verdict that does not apply scores 0 by convention: not part of the mean
+            mean_score=pl.col("score").filter(pl.col("passed").is_not_null()).mean(),
         )
         .with_columns(pass_rate=pl.when(pl.col("applicable") > 0).then(pl.col("passed") / pl.col("applicable")))
-        .sort("verifier")
+        .sort("verifier", "version")
         .collect()
     )
     tables["failures"] = failure_kinds(trajs.select("run_id", "suite", "success", "messages_json").collect())

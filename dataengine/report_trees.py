@@ -6,7 +6,9 @@ arguments, `answer: ...`, or `parse error: <raw text>`), `parse_error` (bool) an
 ("success" / "failure" for terminal nodes, else None). `pick_trees` chooses a solved tree
 (one that also holds a failed leaf when there is one) and an unsolved tree; `draw_trees` draws
 them side by side: depth left to right, colour = Q, parse errors as squares, terminal successes
-outlined green and failures red, with a legend.
+outlined green and failures red, with a legend. Labels are measured with matplotlib's renderer
+and the grid is sized to them (`tree_geometry`), so no two labels overlap and no edge crosses
+a label.
 """
 
 from __future__ import annotations
@@ -151,42 +153,124 @@ def pick_trees(nodes: pl.LazyFrame) -> dict[str, tuple[str, str] | None]:
     return chosen
 
 
-def draw_trees(panels: list[tuple[Any, str]], path: Path) -> Path:
-    """Draw labelled trees (labelled_tree) side by side, one titled panel each, to a PNG."""
+# Picture geometry, in inches (1 data unit = 1 inch in every panel, so measured text fits).
+FONT_SIZE = 6
+MARKER_SIZE = 110  # points squared (scatter's unit)
+ROW_GAP = 0.04  # between label boxes of neighbouring rows
+LABEL_GAP = 0.06  # marker edge to its label
+COLUMN_GAP = 0.35  # end of one depth's longest label to the next depth's markers, where edges run
+DPI = 110  # text is measured at the dpi it is saved at (hinting makes widths dpi-dependent)
+
+
+def node_text(graph: Any, node: int) -> str:
+    """The text drawn beside a node: its label and visit count."""
+    return f"{graph.nodes[node]['label']}  N={graph.nodes[node]['visits']}"
+
+
+def _text_extents(texts: list[str]) -> list[tuple[float, float]]:
+    """(width, height) in inches of each text as drawn (FONT_SIZE, no mathtext), measured by
+    matplotlib's own renderer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import networkx as nx
+
+    fig = plt.figure(dpi=DPI)
+    renderer = fig.canvas.get_renderer()
+    out = []
+    for text in texts:
+        t = fig.text(0, 0, text, fontsize=FONT_SIZE, parse_math=False)
+        box = t.get_window_extent(renderer)
+        out.append((box.width / fig.dpi, box.height / fig.dpi))
+        t.remove()
+    plt.close(fig)
+    return out
+
+
+def tree_geometry(graph: Any) -> dict[str, Any]:
+    """Where each part of a labelled tree goes, in inches, with no two labels overlapping.
+
+    tree_layout's order (x = depth, y = leaf order) on a measured grid: every row is as tall as
+    the tallest label (or marker) plus ROW_GAP, and each depth's column is as wide as its
+    longest label, so a label ends before the next depth begins; nodes of one depth never
+    share a row (their leaf ranges are disjoint). An edge runs from the end of its parent's
+    column to the child's marker, in the gap between columns, with a leader line along the
+    parent's row from its label to the column's end.
+    Returns {"node": {id: (x, y) marker centre}, "text": {id: (x, y) left, centre of the
+    label}, "box": {id: (x0, y0, x1, y1) label box}, "edges": [((x0, y0), (x1, y1), (x2, y2))
+    leader start, column end, child marker], "size": (width, height)}.
+    """
+    order = tree_layout(graph)
+    nodes = sorted(order)
+    extents = dict(zip(nodes, _text_extents([node_text(graph, n) for n in nodes])))
+    radius = (MARKER_SIZE ** 0.5) / 2 / 72  # scatter's size is the marker's area in points^2
+    row = max([h for _, h in extents.values()] + [2 * radius]) + ROW_GAP
+    depths = sorted({int(x) for x, _ in order.values()})
+    column_width = {d: max(extents[n][0] for n in nodes if int(order[n][0]) == d) for d in depths}
+    left, x = {}, radius + 0.03  # the marker's outline stays inside the panel
+    for d in depths:
+        left[d] = x
+        x += radius + LABEL_GAP + column_width[d] + COLUMN_GAP + radius
+    pos, text, box = {}, {}, {}
+    for n in nodes:
+        d, leaf = int(order[n][0]), -order[n][1]
+        cx, cy = left[d], -(leaf + 0.5) * row
+        pos[n] = (cx, cy)
+        text[n] = (cx + radius + LABEL_GAP, cy)
+        w, h = extents[n]
+        box[n] = (text[n][0], cy - h / 2, text[n][0] + w, cy + h / 2)
+    edges = []
+    for parent, child in graph.edges:
+        d = int(order[parent][0])
+        end = left[d] + radius + LABEL_GAP + column_width[d] + COLUMN_GAP / 4
+        start = (box[parent][2] + LABEL_GAP, pos[parent][1])
+        edges.append((start, (end, pos[parent][1]), (pos[child][0] - radius, pos[child][1])))
+    leaves = max((-y for _, y in order.values()), default=0) + 1
+    return {"node": pos, "text": text, "box": box, "edges": edges,
+            "size": (x - COLUMN_GAP - radius, leaves * row)}
+
+
+def tree_figure(panels: list[tuple[Any, str]]) -> Any:
+    """A matplotlib Figure of labelled trees (labelled_tree) side by side, one titled panel
+    each; every panel's axes map one data unit to one inch (tree_geometry's coordinates)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
 
-    layouts = [tree_layout(g) for g, _ in panels]
-    depths = [max((x for x, _ in p.values()), default=0) + 1 for p in layouts]
-    leaves = [max((-y for _, y in p.values()), default=0) + 1 for p in layouts]
-    widths = [2.6 * d + 0.5 for d in depths]
-    height = min(30.0, max(3.5, 0.3 * max(leaves) + 1.5))
-    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths) + 1.2, height), squeeze=False,
-                             gridspec_kw={"width_ratios": widths})
+    geometries = [tree_geometry(g) for g, _ in panels]
+    margin, title, legend_h, bar_w, gap = 0.15, 0.3, 0.45, 0.9, 0.3
+    widths = [max(g["size"][0], 2.5) for g in geometries]
+    height = max(g["size"][1] for g in geometries)
+    fig_w = margin + sum(widths) + gap * (len(panels) - 1) + bar_w
+    fig_h = legend_h + height + title + margin
+    fig = plt.figure(figsize=(fig_w, fig_h), dpi=DPI)
     drawn = None
-    for ax, (graph, title), pos in zip(axes[0], panels, layouts):
-        nx.draw_networkx_edges(graph, pos, ax=ax, arrows=False, edge_color="#999999")
-        for shape, nodes in (("o", [n for n in graph.nodes if not graph.nodes[n]["parse_error"]]),
-                             ("s", [n for n in graph.nodes if graph.nodes[n]["parse_error"]])):
+    x0 = margin
+    for (graph, name), geo, w in zip(panels, geometries, widths):
+        h = geo["size"][1]
+        ax = fig.add_axes((x0 / fig_w, (fig_h - title - h) / fig_h, w / fig_w, h / fig_h))
+        ax.set_xlim(0, w)
+        ax.set_ylim(-h, 0)
+        ax.axis("off")
+        ax.set_title(name, fontsize=8, loc="left")
+        ax.add_collection(LineCollection([list(e) for e in geo["edges"]], colors="#999999", linewidths=0.8))
+        for shape, parse_error in (("o", False), ("s", True)):
+            nodes = [n for n in graph.nodes if graph.nodes[n]["parse_error"] == parse_error]
             if not nodes:
                 continue
             outline = ["green" if graph.nodes[n]["outcome"] == "success" else
                        "red" if graph.nodes[n]["outcome"] == "failure" else "black" for n in nodes]
             q = [graph.nodes[n]["q"] if graph.nodes[n]["q"] is not None else 0.0 for n in nodes]
-            drawn = nx.draw_networkx_nodes(graph, pos, nodelist=nodes, ax=ax, node_shape=shape, node_color=q,
-                                           cmap="coolwarm_r", vmin=0.0, vmax=1.0, edgecolors=outline,
-                                           linewidths=2.0, node_size=110)
-        for node, (x, y) in pos.items():
+            drawn = ax.scatter([geo["node"][n][0] for n in nodes], [geo["node"][n][1] for n in nodes], s=MARKER_SIZE,
+                               c=q, cmap="coolwarm_r", vmin=0.0, vmax=1.0, marker=shape, edgecolors=outline,
+                               linewidths=2.0, zorder=3)
+        for node, (x, y) in geo["text"].items():
             # Model text is drawn as is: parse_math=False keeps a "$" from starting mathtext.
-            ax.text(x + 0.08, y, f"{graph.nodes[node]['label']}  N={graph.nodes[node]['visits']}", fontsize=6,
-                    va="center", ha="left", parse_math=False)
-        ax.set_xlim(-0.3, max(x for x, _ in pos.values()) + 2.4)
-        ax.set_title(title, fontsize=8, loc="left")
-        ax.axis("off")
+            ax.text(x, y, node_text(graph, node), fontsize=FONT_SIZE, va="center", ha="left", parse_math=False)
+        x0 += w + gap
     legend = [
         Line2D([], [], marker="o", linestyle="", markerfacecolor="#cccccc", markeredgecolor="black", label="action parsed"),
         Line2D([], [], marker="s", linestyle="", markerfacecolor="#cccccc", markeredgecolor="black", label="parse error"),
@@ -197,7 +281,16 @@ def draw_trees(panels: list[tuple[Any, str]], path: Path) -> Path:
     ]
     fig.legend(handles=legend, loc="lower center", ncol=4, fontsize=7, frameon=False)
     if drawn is not None:
-        fig.colorbar(drawn, ax=list(axes[0]), label="Q", fraction=0.02, pad=0.01)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
+        bar = fig.add_axes(((fig_w - bar_w + 0.2) / fig_w, (fig_h - title - height) / fig_h, 0.12 / fig_w, height / fig_h))
+        fig.colorbar(drawn, cax=bar, label="Q")
+    return fig
+
+
+def draw_trees(panels: list[tuple[Any, str]], path: Path) -> Path:
+    """Draw labelled trees (labelled_tree) side by side, one titled panel each, to a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = tree_figure(panels)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

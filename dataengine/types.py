@@ -325,7 +325,7 @@ class Episode(BaseModel):
 class Verdict(BaseModel):
     """What a verifier says of a step or an episode.
 
-    score: in [0, 1] unless the verifier documents otherwise (graded numeric scores are <= 0).
+    score: in [0, 1], 1 best (docs/verifiers.md lists each verifier's range).
     passed: True/False, or None when the verifier does not apply.
     confidence: in [0, 1]; the cascade escalates when it is low.
     """

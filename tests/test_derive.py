@@ -16,9 +16,9 @@ from dataengine.derive import (
     step_pairs,
     trajectory_pairs,
 )
+from dataengine.export import export_frame
 from dataengine.types import Message, Task, ToolSpec
 from storage import Store
-from storage.export import export_frame
 
 RUN, TREE, TASK = "r1", "tr1", "t1"
 ADD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'

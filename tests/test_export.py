@@ -17,16 +17,9 @@ import datasets
 import polars as pl
 import pytest
 
+from dataengine.export import export, export_frame, reexport
 from storage import MissingTableError, Store
-from storage.export import (
-    ExportFilters,
-    export,
-    export_frame,
-    lineage_path,
-    load_exported,
-    read_lineage,
-    reexport,
-)
+from storage.export import ExportFilters, lineage_path, load_exported, read_lineage
 from storage.formats import PAIRS, REPLAY, SFT, dataset_kind, features
 
 TOOLS = [
@@ -407,7 +400,7 @@ def test_exports_render_with_several_model_families_templates(store, tmp_path, t
 _CHILD = """
 import sys
 from storage import Store
-from storage.export import export
+from dataengine.export import export
 export(Store(sys.argv[1]), "sft", sys.argv[2], format=sys.argv[3], dedup="none")
 """
 
@@ -458,3 +451,18 @@ def test_sigkill_mid_export_leaves_the_old_export_intact(tmp_path, fmt):
     # The next export replaces the old one whole.
     export(store, "sft", out, format=fmt, filters=ExportFilters(limit=70), dedup="none")
     assert read_lineage(out)["rows"] == 70 and load_folder(out, fmt, tmp_path).num_rows == 70
+
+
+def test_storage_imports_nothing_from_the_engine_and_export_renders_no_messages():
+    """storage/ imports nothing from dataengine/; storage/export.py writes rows it is given and
+    knows neither message roles nor `<tool_call>` markup (dataengine/export.py renders them)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "storage"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "dataengine" or n.startswith("dataengine.") for n in names), (path.name, names)
+    text = (root / "export.py").read_text(encoding="utf-8")
+    assert "<tool_call>" not in text and "CALL_TAG" not in text and '"role"' not in text

@@ -90,6 +90,9 @@ def test_tables_hold_the_runs_numbers(store):
     assert verifiers["final_answer"]["pass_rate"] == pytest.approx(4 / 8)
     # A verifier that never applies has no pass rate, not 0.
     assert verifiers["format"]["applicable"] == 0 and verifiers["format"]["pass_rate"] is None
+    # ... nor a mean score: a verdict that does not apply scores 0 by convention.
+    assert verifiers["format"]["mean_score"] is None
+    assert verifiers["final_answer"]["mean_score"] == pytest.approx(4 / 8) and verifiers["final_answer"]["version"]
     assert t["pair_counts"].rows() == [("demo/r1", "step", 2, pytest.approx(0.5))]
     assert t["datasets"].rows() == [("pairs", "demo/r1", "step", 2)]
     # Why episodes fail: these hand-built episodes hold no messages, so every failure is "no call".
@@ -137,6 +140,66 @@ def test_labelled_tree_marks_actions_and_parse_errors(store):
     pos = tree_layout(graph)
     assert [pos[n][0] for n in (0, 1, 2, 3)] == [0.0, 1.0, 1.0, 1.0]
     assert pos[1][1] > pos[2][1] > pos[3][1]
+
+
+def wide_deep_tree():
+    """A stored-tree graph of depth 3, 3 x 2 x 3 children, long call labels and a long task id."""
+    import networkx as nx
+
+    g = nx.DiGraph(run_id="r", tree_id="t")
+    g.add_node(0, parent_id=None, task_id="arithmetic-train-000123-level2-long-name", visits=40, q=0.5, depth=0)
+    frontier, n = [0], 1
+    for depth, k in ((1, 3), (2, 2), (3, 3)):
+        nxt = []
+        for parent in frontier:
+            for j in range(k):
+                call = {"name": "multiply", "arguments": {"a": 123456 * j, "b": 7.25, "note": "x" * j * 9}}
+                g.add_node(n, parent_id=parent, visits=10 - j, q=j / k, depth=depth, action_index=j,
+                           action_json=json.dumps({"tool_calls": [call]}), action_text="", terminal=depth == 3,
+                           parse_error="bad" if j == 2 else None, success=depth == 3 and j == 0)
+                g.add_edge(parent, n)
+                nxt.append(n)
+                n += 1
+        frontier = nxt
+    return g
+
+
+def test_tree_picture_labels_never_overlap(store, tmp_path):
+    """Every drawn label box, marker and edge measured in the rendered figure: no label
+    overlaps another label or a marker, and no edge crosses a label."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection, PathCollection
+    from matplotlib.path import Path as MPath
+
+    from dataengine.report_trees import draw_trees, tree_figure
+
+    panels = [(labelled_tree(wide_deep_tree()), "wide"), (labelled_tree(tree_graph(store, "demo/r2", "tree-0")), "mixed"),
+              (labelled_tree(tree_graph(store, "demo/r2", "tree-1")), "unsolved")]
+    fig = tree_figure(panels)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    checked = 0
+    for ax in fig.axes[: len(panels)]:
+        boxes = [t.get_window_extent(renderer) for t in ax.texts]
+        assert len(boxes) == len(panels[fig.axes.index(ax)][0].nodes)
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b), (a, b)
+                checked += 1
+        markers = [c for c in ax.collections if isinstance(c, PathCollection)]
+        radius = (110 ** 0.5) / 2 / 72 * fig.dpi
+        for c in markers:
+            for x, y in ax.transData.transform(c.get_offsets()):
+                for b in boxes:
+                    assert not (b.x0 < x + radius and x - radius < b.x1 and b.y0 < y + radius and y - radius < b.y1)
+        edges = [c for c in ax.collections if isinstance(c, LineCollection) and not isinstance(c, PathCollection)]
+        for segment in edges[0].get_segments():
+            line = MPath(ax.transData.transform(segment))
+            assert not any(line.intersects_bbox(b, filled=True) for b in boxes), segment
+    assert checked > 100
+    plt.close(fig)
+    png = draw_trees(panels, tmp_path / "trees.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_large_tree_keeps_the_success_path(tmp_path):

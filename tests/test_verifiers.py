@@ -203,15 +203,44 @@ def test_arguments_parallel_unordered_and_counts():
     assert not changed.passed and changed.details["matched"] == 1
 
 
-def test_numeric_arguments_graded():
+def test_numeric_arguments_graded_and_bounded():
     v = NumericArgumentsVerifier()
     near = Episode(task=TASK, steps=[call_step(ToolCall(name="add", arguments={"a": 17, "b": 24}))])
     far = Episode(task=TASK, steps=[call_step(ToolCall(name="add", arguments={"a": 1, "b": 24}))])
-    assert v.verify(GOOD).score == 0.0 and v.verify(GOOD).passed
-    assert v.verify(near).score == -1.0
-    assert v.verify(far).score == -17.0
+    huge = Episode(task=TASK, steps=[call_step(ToolCall(name="add", arguments={"a": -1e12, "b": 24}))])
+    assert v.verify(GOOD).score == 1.0 and v.verify(GOOD).passed
+    # per argument 1 / (1 + |pred - gold| / max(1, |gold|)), averaged over a and b
+    assert v.verify(near).score == pytest.approx((1 + 25 / 26) / 2) and not v.verify(near).passed
+    assert v.verify(far).score == pytest.approx((17 / 33 + 25 / 26) / 2)
+    assert v.verify(near).details["distance"] == 1.0 and v.verify(far).details["distance"] == 17.0
+    out = v.verify(huge)
+    assert 0.0 < out.score < 0.5 and out.details["distance"] == pytest.approx(1e12 + 18)
     missing = Episode(task=TASK, steps=[answer_step("42")])
-    assert v.verify(missing).score == -(17 + 25 + 1)  # every |gold| value, plus 1 for the missing call
+    assert v.verify(missing).score == 0.0
+    assert v.verify(missing).details["distance"] == 17 + 25 + 1  # every |gold| value, plus 1 for the missing call
+    wrong_type = Episode(task=TASK, steps=[call_step(ToolCall(name="add", arguments={"a": "17", "b": 25}))])
+    assert v.verify(wrong_type).score == pytest.approx(0.5)
+
+
+def test_every_rule_verifier_score_is_in_unit_interval():
+    from dataengine.verifiers import MultiTurnVerifier, rule_verifiers
+    from dataengine.verifiers.tau2 import Tau2Verifier
+
+    calls = [ToolCall(name="add", arguments={"a": a, "b": b}) for a, b in ((17, 25), (-1e15, 3), (0, 0), (1e300, -1e300))]
+    steps = [call_step(c) for c in calls] + [call_step(calls[0], status="timeout"), bad_step(), answer_step("x" * 3000),
+                                             answer_step("42"), answer_step("-9e99"), call_step(ToolCall(name="nope", arguments={}))]
+    tasks = [TASK, make_task(answer="42", needs_tool=False), make_task(calls=[GOLD_CALL, GOLD_CALL])]
+    episodes = [Episode(task=t, steps=[]) for t in tasks]
+    episodes += [Episode(task=t, steps=[s]) for t in tasks for s in steps]
+    episodes += [Episode(task=t, steps=steps[i:i + 3]) for t in tasks for i in range(len(steps))]
+    assert any(isinstance(v, (MultiTurnVerifier, Tau2Verifier)) for v in rule_verifiers())
+    for v in rule_verifiers():
+        for ep in episodes:
+            out = v.verify(ep)
+            assert 0.0 <= out.score <= 1.0, (v.name, out)
+            for step in ep.steps:
+                sv = v.verify_step(ep.task, step) if hasattr(v, "verify_step") else None
+                assert sv is None or 0.0 <= sv.score <= 1.0, (v.name, sv)
 
 
 def test_efficiency_and_length():

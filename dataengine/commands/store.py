@@ -130,8 +130,9 @@ def register(app: typer.Typer) -> None:
         """Export pairs, sft or replay rows in the dataset format TRL reads, with lineage."""
         import polars as pl
 
+        from dataengine.export import export
         from storage import StoreError
-        from storage.export import ExportFilters, export, lineage_path
+        from storage.export import ExportFilters, lineage_path
 
         opened = _open(store)
         filters = ExportFilters(
@@ -281,8 +282,8 @@ def register(app: typer.Typer) -> None:
         store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
     ) -> None:
         """Rebuild an export exactly from its lineage (same table versions, filters, dedup)."""
+        from dataengine.export import reexport
         from storage import StoreError
-        from storage.export import reexport
 
         opened = _open(store)
         try:

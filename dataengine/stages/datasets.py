@@ -36,11 +36,12 @@ def selected_rows(store: Any, kind: str, run_ids: list[str] | None) -> int:
 
 def export_dataset(store: Any, kind: str, out: str, *, fmt: str = "parquet", filters: Any = None,
                    **options: Any) -> Any:
-    """storage.export.export of `kind` (pairs, sft, replay) to `out`; None when the selection is
+    """dataengine.export.export of `kind` (pairs, sft, replay) to `out`; None when the selection is
     empty: nothing is written (an empty file would fail a trainer later, less clearly).
-    `options` go to storage.export.export (versions, dedup, include_logprobs, ...)."""
+    `options` go to dataengine.export.export (versions, dedup, include_logprobs, ...)."""
+    from dataengine.export import export
     from dataengine.stages.resources import open_store
-    from storage.export import ExportFilters, export
+    from storage.export import ExportFilters
 
     store = open_store(store, create=False)
     filters = filters or ExportFilters()

@@ -257,47 +257,64 @@ def _numbers(values: list[Any]) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-class NumericArgumentsVerifier:
-    """Graded score for numeric arguments: minus the summed |pred - gold| (the seed's formula).
+def closeness(pred: float, gold: float) -> float:
+    """1 / (1 + |pred - gold| / max(1, |gold|)): 1 at the gold value, in (0, 1], halved at an
+    error as large as the gold value (or as 1, for golds below 1 in size)."""
+    return 1.0 / (1.0 + abs(pred - gold) / max(1.0, abs(gold)))
 
-    Each gold call is paired with the same-named predicted call nearest to it; a missing
-    numeric argument counts as |gold|; a gold call with no same-named prediction counts
-    the sum of its |gold| values plus 1. Score <= 0; passed iff the distance is 0.
-    Not applicable when no gold call has a numeric argument.
-    details: distance, per_call (list of float).
+
+class NumericArgumentsVerifier:
+    """Graded score for numeric arguments, in [0, 1].
+
+    Each gold numeric parameter scores `closeness(pred, gold)` (its best acceptable value), 0
+    when the prediction omits it or gives a non-number; score = the mean over every numeric
+    parameter of every gold call. Each gold call is paired with the unused same-named predicted
+    call that scores best; a gold call with none scores 0 on all its parameters. passed iff
+    every numeric argument is exact (score 1). Not applicable when no gold call has a numeric
+    argument.
+    details: distance (the raw, unbounded sum of |pred - gold|, a missing argument counting
+    |gold| and a missing call the sum of its |gold| values plus 1), per_call (raw distance of
+    each gold call with numeric arguments), per_call_score (its mean closeness).
     """
 
     name = "arguments_numeric"
-    version = "1"
+    version = "2"
 
     def verify(self, episode: Episode) -> Verdict:
         gold = gold_acceptable(episode.task)
         numeric = [(n, {p: _numbers(v) for p, v in a.items() if _numbers(v)}) for n, a in gold]
-        if not any(params for _, params in numeric):
+        numeric = [(n, params) for n, params in numeric if params]
+        if not numeric:
             return not_applicable(self.name, self.version, "no numeric gold argument")
         calls = episode.calls
         used: set[int] = set()
         per_call: list[float] = []
+        per_call_score: list[float] = []
+        total, count = 0.0, 0
         for name, params in numeric:
-            if not params:
-                continue
-            best, best_i = None, None
+            best: tuple[float, float] | None = None  # (summed closeness, raw distance)
+            best_i = None
             for i, call in enumerate(calls):
                 if i in used or call.name != name:
                     continue
-                d = 0.0
+                close, dist = 0.0, 0.0
                 for p, options in params.items():
                     v = call.arguments.get(p)
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        d += min(abs(float(v) - o) for o in options)
+                        close += max(closeness(float(v), o) for o in options)
+                        dist += min(abs(float(v) - o) for o in options)
                     else:
-                        d += min(abs(o) for o in options)
-                if best is None or d < best:
-                    best, best_i = d, i
-            if best_i is None:
-                best = sum(min(abs(o) for o in options) for options in params.values()) + 1.0
+                        dist += min(abs(o) for o in options)
+                if best is None or close > best[0]:
+                    best, best_i = (close, dist), i
+            if best is None:
+                best = (0.0, sum(min(abs(o) for o in options) for options in params.values()) + 1.0)
             else:
                 used.add(best_i)
-            per_call.append(float(best))
+            total += best[0]
+            count += len(params)
+            per_call.append(float(best[1]))
+            per_call_score.append(best[0] / len(params))
         distance = sum(per_call)
-        return verdict(self.name, self.version, distance == 0.0, -distance, distance=distance, per_call=per_call)
+        return verdict(self.name, self.version, distance == 0.0, total / count,
+                       distance=distance, per_call=per_call, per_call_score=per_call_score)

@@ -97,7 +97,7 @@ def gold_turns(task: Task) -> list[Action]:
 
 def _successful_writes(gold: Episode) -> list[int]:
     """Indices of the gold calls that are writes and succeeded in the gold episode."""
-    types = ours._tool_types(gold.task.metadata["domain"])
+    types = ours.tool_types(gold.task.metadata["domain"])
     return [
         i for i, step in enumerate(gold.steps)
         if step.results and step.results[0].ok and types.get(step.results[0].call.name) == "write"
