@@ -151,6 +151,19 @@ def test_a_failing_server_is_an_error_on_that_call_and_the_next_call_works(env, 
     assert again.info["statuses"] == ["ok"]
 
 
+def test_a_replay_that_fails_names_the_call_and_the_next_branch_works():
+    """A log the server cannot replay (here: a call that kills it) fails that call only."""
+    register_servers([stdio("calc_replay", "calculator", "--misbehave")], SandboxConfig(timeout_s=3.0))
+    client = get_toolbox("calc_replay").client
+    add = ToolCall(name="add", arguments={"a": 1, "b": 2})
+    (result, state), = client.call_many([(add, {"calls": [{"name": "add", "arguments": {"a": 1, "b": 1}},
+                                                          {"name": "crash", "arguments": {}}]})])
+    assert result.status == "crash" and "replaying this branch's 2 earlier calls" in result.error
+    assert "failed at call 2" in result.error and state["calls"][-1]["name"] == "crash"  # state unchanged
+    (result, state), = client.call_many([(add, client.initial_state)])
+    assert result.ok and state == {"calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}
+
+
 def test_the_sandbox_output_limit_applies(env):
     out = env.step(env.reset(task("calc")), call("huge", n=10_000))
     assert out.info["statuses"] == ["output_too_large"] and "over the limit of 4096" in out.observations[0].content
