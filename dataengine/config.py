@@ -39,11 +39,26 @@ class MCPServerConfig(Section):
     command: list[str] | None = Field(None, description="stdio transport: the command line that starts the server")
     url: str | None = Field(None, description="streamable-HTTP transport: the server's URL")
     stateful: bool = Field(True, description="calls change server state (branches are isolated by replay or snapshots)")
+    env: dict[str, str] = Field(default_factory=dict, description="stdio: environment variables set for the server process")
+    cwd: str | None = Field(None, description="stdio: working folder of the server process")
+    snapshot_tool: str | None = Field(None, description="stateful: a tool of the server, called without arguments, "
+                                      "whose output is the whole server state (then no replay is needed)")
+    restore_tool: str | None = Field(None, description="stateful: a tool of the server that loads a snapshot_tool output")
+    restore_argument: str = Field("snapshot", description="the argument of restore_tool that takes the snapshot")
+    timeout_s: float | None = Field(None, gt=0, description="wall-clock limit per call (default: sandbox.timeout_s)")
+    startup_timeout_s: float = Field(30.0, gt=0, description="seconds the server may take to start and answer initialize")
+    sessions: int = Field(4, ge=1, description="sessions open at once (stateful replay: one per branch being stepped)")
+    idle_sessions: int = Field(4, ge=0, description="stateful replay: sessions kept at a branch's end, so the "
+                               "branch's next call needs no replay")
 
     @model_validator(mode="after")
     def _one_transport(self) -> Self:
         if (self.command is None) == (self.url is None):
             raise ValueError(f"MCP server {self.name!r}: give exactly one of command (stdio) or url (HTTP)")
+        if self.command is not None and not self.command:
+            raise ValueError(f"MCP server {self.name!r}: command is empty")
+        if (self.snapshot_tool is None) != (self.restore_tool is None):
+            raise ValueError(f"MCP server {self.name!r}: give both snapshot_tool and restore_tool, or neither")
         return self
 
 

@@ -172,7 +172,10 @@ class ToolEnv:
         the task and field), before any step."""
         if not isinstance(task, Task):
             raise TypeError(f"reset expects a Task, got {type(task).__name__}")
-        initial = get_toolbox(task.toolbox).initial_state(task)
+        box = get_toolbox(task.toolbox)
+        if box.client is not None and not task.tools:  # a served toolbox offers what its server lists
+            task = task.model_copy(update={"tools": box.specs()})
+        initial = box.initial_state(task)
         if task.user_turns:
             problems = schedule_errors(task)
             if problems:
@@ -201,7 +204,7 @@ class ToolEnv:
         rounds = max((len(a.tool_calls) for a in parsed if a.parse_error is None), default=0)
         for k in range(rounds):
             batch = [i for i, a in enumerate(parsed) if a.parse_error is None and k < len(a.tool_calls)]
-            outs = self.sandbox.call_many(
+            outs = self._call_many(
                 [(states[i].task.toolbox, parsed[i].tool_calls[k], tool_states[i]) for i in batch]
             )
             for i, (result, new_state) in zip(batch, outs):
@@ -214,8 +217,31 @@ class ToolEnv:
         verifiers compare it with the episode's final state). Failed calls leave it unchanged."""
         state = self.reset(task).tool_state
         for call in calls:
-            _, state = self.sandbox.call(task.toolbox, call, state)
+            _, state = self._call_many([(task.toolbox, call, state)])[0]
         return state
+
+    def _call_many(self, items: list[tuple[str, ToolCall, dict[str, Any] | None]]) -> list[tuple[ToolResult, Any]]:
+        """Sandbox.call_many, except that calls of a toolbox with a client (an MCP server) go
+        to that client; results in input order."""
+        out: list[Any] = [None] * len(items)
+        by_client: dict[int, tuple[Any, list[int]]] = {}
+        local = []
+        for i, (name, _, _) in enumerate(items):
+            try:
+                client = get_toolbox(name).client
+            except KeyError:  # the sandbox answers an unknown toolbox with an unknown_tool result
+                client = None
+            if client is None:
+                local.append(i)
+            else:
+                by_client.setdefault(id(client), (client, []))[1].append(i)
+        if local:
+            for i, o in zip(local, self.sandbox.call_many([items[i] for i in local])):
+                out[i] = o
+        for client, indices in by_client.values():
+            for i, o in zip(indices, client.call_many([items[i][1:] for i in indices])):
+                out[i] = o
+        return out
 
     # ------------------------------------------------------------------ helpers
 

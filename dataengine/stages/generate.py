@@ -197,6 +197,10 @@ def config_tasks(config: EngineConfig) -> list[Task]:
     set), else config.num_tasks tasks of each suite in config.suites, seeded by config.seed."""
     from dataengine.suites import generate_suite, load_tasks
 
+    if config.tools.mcp:  # task files may name the servers' toolboxes
+        from dataengine.tools.mcp import register_servers
+
+        register_servers(config.tools.mcp, config.sandbox)
     if config.task_file is not None:
         tasks = [t for t in load_tasks(config.task_file) if t.split == config.split]
         if not tasks:

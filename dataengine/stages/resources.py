@@ -40,7 +40,12 @@ def make_sandbox(config: EngineConfig, toolboxes: Sequence[str]) -> Any:
     """A Sandbox with config.sandbox's limits, `toolboxes` preloaded in its workers."""
     from dataengine.tools.sandbox import Sandbox
 
-    return Sandbox.from_config(config.sandbox, preload=sorted(set(toolboxes)))
+    served = set()
+    if config.tools.mcp:  # MCP servers' toolboxes run in this process, not in the workers
+        from dataengine.tools.mcp import register_servers
+
+        served = set(register_servers(config.tools.mcp, config.sandbox))
+    return Sandbox.from_config(config.sandbox, preload=sorted(set(toolboxes) - served))
 
 
 def open_store(path: Any, *, create: bool = True) -> Any:

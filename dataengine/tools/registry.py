@@ -66,11 +66,17 @@ class Tool:
 
 @dataclass
 class Toolbox:
-    """The tools of one suite, by name. `initial_state(task)` gives the state at reset."""
+    """The tools of one suite, by name. `initial_state(task)` gives the state at reset.
+
+    client: for tools served outside the package (an MCP server), what runs their calls in
+        the engine's process instead of in a sandbox worker: an object with
+        `call_many([(call, state), ...]) -> [(ToolResult, state), ...]`.
+    """
 
     name: str
     tools: dict[str, Tool] = field(default_factory=dict)
     make_initial_state: Callable[[Any], dict[str, Any] | None] | None = None
+    client: Any = None
 
     def specs(self) -> list[ToolSpec]:
         return [t.spec for t in self.tools.values()]
