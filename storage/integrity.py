@@ -559,7 +559,8 @@ def heal(store: Any, table: str) -> list[str]:
                                        source="heal"))
         if problem is not None:
             continue
-        store.manifest.record(table, new)
+        if new:
+            store.manifest.record(table, new)
         record_log(store, table, [version], source="heal")
         lines.append(f"table {table!r}: recorded log entry {name}" + (f" and {len(new)} data file(s)" if new else ""))
     return lines
