@@ -18,8 +18,6 @@ def patch_encoder() -> str:
     import json.encoder
 
     json.encoder.encode_basestring = lambda s: '"pwned"'
-    json.encoder.encode_basestring_ascii = lambda s: '"pwned"'
-    json.encoder.c_make_encoder = None
     return "done"
 
 
