@@ -33,6 +33,7 @@ import os
 import pickle
 import random
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -340,7 +341,7 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
     keep = _kept(scratch, setup.read_paths)  # empty unless the view shows code under /tmp
     _RUNNER_PID[0] = os.getpid()
     if setup.fork_calls:
-        for name in loaded:
+        for name in loaded or {""}:
             _warm_validators(name, validators)
         gc.freeze()  # the collector would otherwise touch (and copy) every shared page in each call
     clean = _fingerprint(copy=True)
@@ -396,6 +397,7 @@ def _call_in_child(conn: Connection, seq: int, toolbox: str, body: bytes, setup:
     child that dies without that byte (a signal, os._exit) ends this worker the same way, so
     the pool sees the death it would have seen had the call run here.
     """
+    _reap_exited()
     done_r, done_w = os.pipe()
     child = os.fork()
     if child == 0:
@@ -412,14 +414,30 @@ def _call_in_child(conn: Connection, seq: int, toolbox: str, body: bytes, setup:
             code = 1
         os._exit(code)
     os.close(done_w)
-    _, status = os.waitpid(child, 0)
-    os.set_blocking(done_r, False)  # a process the call started may still hold the write end
     try:
-        done = os.read(done_r, 1) == b"1"
-    except BlockingIOError:
-        done = False
+        # Wait for the byte or the child's end, whichever comes first: a process the call
+        # started may hold the pipe open, and an exiting child need not be waited for.
+        pidfd = os.pidfd_open(child)
+    except (AttributeError, OSError):
+        pidfd = -1
+    try:
+        if pidfd >= 0:
+            select.select([done_r, pidfd], [], [])
+        os.set_blocking(done_r, False)
+        try:
+            done = os.read(done_r, 1) == b"1"
+        except BlockingIOError:
+            done = False
+        if done:
+            _EXITING.append(child)  # tearing down its memory takes longer than its call: reaped later
+            return
+        _, status = os.waitpid(child, 0)
+        with contextlib.suppress(BlockingIOError):
+            done = os.read(done_r, 1) == b"1"
     finally:
         os.close(done_r)
+        if pidfd >= 0:
+            os.close(pidfd)
     if done and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
         return
     if os.WIFSIGNALED(status):
@@ -429,12 +447,28 @@ def _call_in_child(conn: Connection, seq: int, toolbox: str, body: bytes, setup:
     os._exit(os.waitstatus_to_exitcode(status) or 1)
 
 
+_EXITING: list[int] = []  # call processes that reported their result and are still exiting
+
+
+def _reap_exited() -> None:
+    for pid in list(_EXITING):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                continue
+        except ChildProcessError:
+            pass
+        _EXITING.remove(pid)
+
+
 def _warm_validators(toolbox_name: str, validators: dict) -> None:
-    """Build the argument validators of a toolbox's tools once, in the template."""
+    """Build the argument validators of a toolbox's tools once, in the template, and import
+    what a call would otherwise import each time in its fresh process."""
     import jsonschema
 
     from dataengine.tools.registry import get_toolbox
 
+    if "numpy" in sys.modules:
+        importlib.import_module("numpy.random")  # lazy in numpy: each call would import it again (~50 ms)
     try:
         toolbox = get_toolbox(toolbox_name)
     except Exception:
