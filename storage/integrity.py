@@ -530,6 +530,8 @@ def _content_problem(path: Path, add: dict[str, Any]) -> str | None:
 def heal(store: Any, table: str) -> list[str]:
     """Record the half-recorded commits of `table` (module doc); return one line per entry
     healed. An entry whose files do not match stays unrecorded (`check --full` names it)."""
+    if not store.logs_recorded:
+        return []  # object storage: its log is not checksummed (docs/store.md)
     base = store.table_path(table)
     files = log_files(base)
     if not files:
