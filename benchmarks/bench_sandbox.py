@@ -6,7 +6,10 @@
 Prints calls/s for a trivial tool (`add`) in-process, through `Sandbox.call` one at a time,
 and through `Sandbox.call_many` in batches; the same for a tool that waits 20 ms (what a
 real API or database tool looks like), where batches run in parallel across workers; and the
-worker start times (cold pool, and replacing a worker after a crash).
+worker start times (cold pool, and replacing a worker after a crash). Last, the cost of a call
+that shares nothing (each call in a process forked from a template worker, the default)
+against the reused worker of earlier versions (`Sandbox(fork_calls=False)`), both measured
+here, interleaved, as ms per call and their ratio.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ def main() -> None:
             sandbox.call_many([("testing", call, None)] * args.workers * 2)
             replace_times.append(time.perf_counter() - start)
 
+    isolation_rows = fork_against_reuse(args.workers, n // 3, call)
+
     print(f"workers={args.workers} n={n} batch={batch} (2-core machine shared with other jobs: noisy)")
     print(f"{'tool add, in-process':34s} {in_process:12,.0f} calls/s  (baseline)")
     print(f"{'tool add, Sandbox.call':34s} {sequential:12,.0f} calls/s  ratio {sequential / in_process:.5f}")
@@ -114,6 +119,36 @@ def main() -> None:
         print(f"tool state {megabytes:.1f} MB, {label:18s} {ms:8.1f} ms/call")
     print(f"cold start of the pool (fork server + {args.workers} workers): {cold_start:.2f} s")
     print(f"crash -> replaced worker -> first call done: median {statistics.median(replace_times) * 1000:.0f} ms")
+    for label, forked, reused in isolation_rows:
+        print(f"{label:34s} fork per call {forked:7.3f} ms, reused worker {reused:7.3f} ms: ratio {forked / reused:.2f}")
+
+
+def fork_against_reuse(workers: int, n: int, call: ToolCall) -> list[tuple[str, float, float]]:
+    """[(case, ms per call with fork_calls, ms per call with a reused worker)], the two pools
+    measured in alternating rounds so load on the machine hits both alike."""
+    state = {"items": [], "db": {f"{i:07d}": {"name": "x" * 12, "price": i} for i in range(2000)}}
+    cases = [("tool add, Sandbox.call", [("testing", call, None)], 1),
+             ("tool add, Sandbox.call_many x64", [("testing", call, None)] * 64, 64),
+             ("tool push, 0.1 MB state", [("testing", ToolCall(name="push", arguments={"item": "a"}), state)], 1)]
+    pools = {True: Sandbox(workers=workers), False: Sandbox(workers=workers, fork_calls=False)}
+    times: dict[tuple[str, bool], list[float]] = {}
+    try:
+        for sandbox in pools.values():
+            sandbox.wait_ready()
+            sandbox.call_many([("testing", call, None)] * workers * 2)
+        for _ in range(5):
+            for label, items, per in cases:
+                for forked, sandbox in pools.items():
+                    reps = max(1, n // per // 5)
+                    start = time.perf_counter()
+                    for _ in range(reps):
+                        sandbox.call_many(items)
+                    times.setdefault((label, forked), []).append((time.perf_counter() - start) / (reps * per) * 1000)
+    finally:
+        for sandbox in pools.values():
+            sandbox.close()
+    return [(label, statistics.median(times[label, True]), statistics.median(times[label, False]))
+            for label, _, _ in cases]
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ a silently ignored setting) and every error names the dotted path of the bad fie
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from os import PathLike
 from pathlib import Path
@@ -594,24 +595,35 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
-    """Validate `data` as `model`; a failure lists each bad field by dotted path."""
+def validate(model: type[M], data: dict[str, Any], source: str = "config", *, allow_missing: bool = False) -> M | None:
+    """Validate `data` as `model`; a failure lists each bad field by dotted path.
+
+    allow_missing: required fields absent from `data` are not an error (a partial mapping an
+    override completes); returns None when that is the only problem.
+    """
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
+            if allow_missing and err["type"] == "missing":
+                continue
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
             problems.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+        if not problems:
+            return None
         raise ConfigError(f"{source} has {len(problems)} bad field(s):\n" + "\n".join(problems)) from None
 
 
 def load_config(path: str | Path | None = None, model: type[M] = EngineConfig, **overrides: Any) -> M:
     """Load a config file (or the defaults when `path` is None), then apply dotted overrides.
 
-    `overrides` use `__` for nesting: load_config(p, search__num_simulations=32).
+    `overrides` use `__` for nesting: load_config(p, search__num_simulations=32). The file is
+    validated whole first, so a bad field is reported even where an override replaces it.
     """
     data = read_mapping(path) if path is not None else {}
+    if path is not None:
+        validate(model, copy.deepcopy(data), source=f"config file {path}", allow_missing=True)
     for key, value in overrides.items():
         if value is None:
             continue
@@ -620,4 +632,4 @@ def load_config(path: str | Path | None = None, model: type[M] = EngineConfig, *
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    return validate(model, data, source=f"config file {path}" if path else "config")
+    return validate(model, data, source=f"config file {path}" if path else "config")  # type: ignore[return-value]

@@ -10,10 +10,10 @@ Formats (`out` is the path written):
   the data files, the features and the lineage record under `dataengine.lineage`) and
   `data/train-00000-of-00001.jsonl` or `.parquet`. `datasets.load_dataset(folder)` reads it.
 
-Atomic: a file is written under a hidden temporary name in the same folder and renamed over
-`out` (`os.replace`); a folder is built under a hidden temporary name, the old folder renamed
-aside and the new one into place. A killed export leaves the old export as it was and at most
-a hidden `.<name>.*.tmp` entry, which `datasets` and the trainers skip.
+Atomic (`storage.atomic`): a file is written under a hidden temporary name in the same folder
+and renamed over `out`; a folder is built under a hidden temporary name and swapped with the
+old one in one rename. A killed export leaves the old export as it was and at most a hidden
+`.<name>.<pid>-*.tmp` entry, which `datasets` and the trainers skip and the next export removes.
 
 Balancing (`oversample`): rows of every value of a balance key repeated in order to the row
 count of the largest value; `task_field` reads a key from the rows' stored tasks.
@@ -25,17 +25,13 @@ rebuilds the same rows through Delta time travel: dataengine.export.reexport.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
 
+from storage.atomic import destination, replace_file, replace_folder
 from storage.formats import (
     DatasetKind,
     chat_tools,
@@ -243,56 +239,6 @@ def _card(kind: str, fmt: str, rows: int, data_file: Path, lineage: dict[str, An
     )
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _hidden_temp(out: Path, suffix: str) -> Path:
-    return out.parent / f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{suffix}"
-
-
-def _replace_file(out: Path, write: Callable[[Path], None]) -> None:
-    """Write through `write(tmp)` to a hidden file beside `out`, then rename it over `out`."""
-    tmp = _hidden_temp(out, ".tmp")
-    try:
-        write(tmp)
-        _fsync(tmp)
-        os.replace(tmp, out)
-        _fsync(out.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _replace_folder(out: Path, build: Callable[[Path], None]) -> None:
-    """Build a folder through `build(tmp)` under a hidden name beside `out`, then swap it in:
-    the old folder is renamed aside, the new one to `out`, and the old one removed."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    old = None
-    try:
-        build(tmp)
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                _fsync(path)
-        if out.exists():
-            old = _hidden_temp(out, ".old")
-            os.rename(out, old)
-        os.rename(tmp, out)
-        _fsync(out.parent)
-    except BaseException:
-        if old is not None and not out.exists():
-            os.rename(old, out)
-            old = None
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
 def write_rows(rows: pl.DataFrame, out: str | Path, fmt: str, lineage: dict[str, Any]) -> Path:
     """Write TRL rows of `lineage["kind"]` to `out` atomically with their lineage (module doc)."""
     out = Path(out)
@@ -303,11 +249,11 @@ def write_rows(rows: pl.DataFrame, out: str | Path, fmt: str, lineage: dict[str,
     if fmt != "parquet" and out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file; {fmt} exports write a dataset folder (README.md and data/)")
     kind = lineage["kind"]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = destination(out)
     text = json.dumps(lineage, sort_keys=True)
     if fmt == "parquet":
         table = to_arrow(rows, kind)
-        _replace_file(out, lambda tmp: _write_parquet(table, tmp, text))
+        replace_file(out, lambda tmp: _write_parquet(table, tmp, text))
         return out
 
     def build(folder: Path) -> None:
@@ -320,7 +266,7 @@ def write_rows(rows: pl.DataFrame, out: str | Path, fmt: str, lineage: dict[str,
         card = _card(kind, fmt, rows.height, data, lineage, features(kind, rows.columns))
         (folder / CARD).write_text(card, encoding="utf-8")
 
-    _replace_folder(out, build)
+    replace_folder(out, build)
     return out
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 
 from storage.errors import StoreError
+from storage.schemas import TABLES
 
 MANIFEST_FILE = "_manifest.sqlite"
 MANIFEST_DIR = "_manifest"
@@ -210,17 +211,38 @@ class Manifest:
             rows = db.execute("SELECT marker, run_id, shard_id FROM markers WHERE tbl = ?", (table,)).fetchall()
         out: dict[str, set[Key]] = {}
         for marker, run_id, shard_id in rows:
+            _check_marker(self.path, table, run_id, shard_id, marker)
             out.setdefault(marker, set()).add((run_id, shard_id))
         return out
+
+    def marker_rows(self) -> list[tuple[str, str, str, str]]:
+        """Every marker row (table, run_id, shard_id, marker), unchecked (for repair)."""
+        with self._db(write=False) as db:
+            if db is None:
+                return []
+            return db.execute("SELECT tbl, run_id, shard_id, marker FROM markers ORDER BY tbl, run_id, shard_id").fetchall()
 
     def declarations(self, key: Key) -> list[tuple[str, str]]:
         """[(table, marker)] of every table whose shard `key` needs a marker."""
         with self._db(write=False) as db:
             if db is None:
                 return []
-            return db.execute(
+            rows = db.execute(
                 "SELECT tbl, marker FROM markers WHERE run_id = ? AND shard_id = ? ORDER BY tbl", key
             ).fetchall()
+        for table, marker in rows:
+            _check_marker(self.path, table, *key, marker)
+        return rows
+
+
+def _check_marker(where: Any, table: str, run_id: str, shard_id: str, marker: str) -> None:
+    """A marker row must name two different store tables: else a one-line StoreError."""
+    if table not in TABLES or marker not in TABLES or table == marker:
+        raise StoreError(
+            f"store manifest {where} is damaged: its marker row of run {run_id!r} shard {shard_id!r} says table "
+            f"{table!r} needs marker {marker!r}, which is not a pair of store tables; run `dataengine store repair` "
+            "to rewrite it from the Delta log"
+        )
 
 
 def _stamp_row(stamp: Stamp | None, at_ns: int | None) -> tuple:
@@ -406,15 +428,26 @@ class ObjectManifest:
         for run_id, shard_id, marker in (self._markers(pl.col("tbl") == table)
                                          .filter(pl.col("marker").is_not_null())
                                          .select("run_id", "shard_id", "marker").iter_rows()):
+            _check_marker(self.path, table, run_id, shard_id, marker)
             out.setdefault(marker, set()).add((run_id, shard_id))
         return out
+
+    def marker_rows(self) -> list[tuple[str, str, str, str]]:
+        """Every marker row (table, run_id, shard_id, marker), unchecked (for repair)."""
+        import polars as pl
+
+        frame = self._markers(pl.lit(True)).filter(pl.col("marker").is_not_null())
+        return sorted(frame.select("tbl", "run_id", "shard_id", "marker").iter_rows())
 
     def declarations(self, key: Key) -> list[tuple[str, str]]:
         """[(table, marker)] of every table whose shard `key` needs a marker."""
         import polars as pl
 
         frame = self._markers((pl.col("run_id") == key[0]) & (pl.col("shard_id") == key[1]))
-        return sorted(frame.filter(pl.col("marker").is_not_null()).select("tbl", "marker").iter_rows())
+        rows = sorted(frame.filter(pl.col("marker").is_not_null()).select("tbl", "marker").iter_rows())
+        for table, marker in rows:
+            _check_marker(self.path, table, *key, marker)
+        return rows
 
 
 def _file_row(table: str, r: FileRecord, recorded_at: float, seq: int) -> dict[str, Any]:

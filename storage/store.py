@@ -12,8 +12,8 @@ exactly the rows of that (run_id, shard_id) (an overwrite with a predicate), so 
 leaves one copy and a writer killed before its commit leaves nothing visible. Concurrent commits
 that conflict are retried with backoff, then refused with `RetryableStoreError`.
 
-Integrity (docs/store.md): every data file the store commits has its sha256 recorded in the
-manifest (`storage.manifest`: SQLite locally, Delta tables in a bucket); reads check sizes always and hashes of files not verified
+Integrity (docs/store.md): every data file and Delta log entry the store commits has its
+sha256 recorded in the manifest (`storage.manifest`: SQLite locally, Delta tables in a bucket); reads check sizes always and hashes of files not verified
 since they last changed; `verify`/`check` and `repair` (storage.integrity) find and drop damaged
 shards. A shard written across several tables declares a marker table (`append(...,
 marker="tasks")`): its rows stay invisible to reads until the marker has rows of that shard.
@@ -109,7 +109,8 @@ class Store:
         `s3://bucket/path` (the bucket must exist).
       storage_options: for an s3:// root, deltalake's option names (AWS_ENDPOINT_URL, ...) over
         the AWS variables of the environment (`storage.location.storage_options`).
-      create: allow creating the store; with False a missing store is an error at once.
+      create: allow creating the store; with False a missing store is an error at once. A
+        store opened with create (a writer) heals half-recorded commits at once (`heal`).
       max_retries: commit attempts before `RetryableStoreError` when writers conflict.
       check_files: on scan, check that each data file exists with the size the Delta log
         records, and that files changed since their last verification still match their
@@ -142,6 +143,12 @@ class Store:
         self.target_file_size = target_file_size
         # Tables this instance has created or checked for a newer schema version.
         self._checked: set[str] = set()
+        # Local stores checksum their Delta log (integrity.log_problems); `repair` turns the
+        # check off while it works on a damaged entry.
+        self.logs_recorded = self.storage_options is None
+        self.check_log = self.logs_recorded
+        self._log_seen: dict[str, dict] = {}  # {table: {log file: stamp}} found intact by this instance
+        self._healed = False  # the first append heals every table's half-recorded commits
         if isinstance(self.root, ObjectPath) and not self.root.bucket_exists():
             raise StoreNotFoundError(
                 f"bucket {self.root.bucket!r} of store {self.root} does not exist at {self.root.store.endpoint}; "
@@ -161,6 +168,13 @@ class Store:
             raise StoreNotFoundError(
                 f"{self.root} holds tables but no {STORE_FILE}; it was not written by this store"
             )
+        if create and meta.exists():
+            # A writer starts by completing the commits a killed writer left half-recorded.
+            self._healed = True
+            try:
+                self.heal()
+            except StoreError:
+                pass  # a damaged log or manifest: the first read names it
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -227,6 +241,13 @@ class Store:
             raise MissingTableError(
                 f"table {table!r} does not exist in store {self.root} (tables written: {have})"
             )
+        if self.check_log and self.check_files:
+            from storage.integrity import log_problems
+
+            # Before Delta reads the log: a damaged statistic would make it skip files silently.
+            problems = log_problems(self, table, full=False, seen=self._log_seen.setdefault(table, {}))
+            if problems:
+                raise CorruptFileError(problems[0].message(self.root))
         try:
             dt = DeltaTable(str(path), version=version, storage_options=self.storage_options)
         except DeltaError as exc:
@@ -383,10 +404,14 @@ class Store:
             data = self.to_arrow(table, rows, run_id=run_id, shard_id=shard_id)
         self._ensure_store_file()
         path = str(self.table_path(table))
+        if not self._healed:
+            self._healed = True
+            self.heal()
         if table not in self._checked:
             self._create_table(spec)
             self._check_table_version(table, DeltaTable(path, storage_options=self.storage_options))
             self._checked.add(table)
+            self.heal([table])  # records the creating commit
         if marker is not None:
             # Declared before the commit: a writer killed after it leaves an invisible shard.
             self.manifest.declare(table, run_id, shard_id, marker)
@@ -398,6 +423,8 @@ class Store:
                 "dataengine.shard_id": shard_id,
                 "dataengine.schema_version": str(SCHEMA_VERSION),
                 "dataengine.commit": token,
+                # Lets `repair` rebuild a damaged manifest marker row from the log.
+                **({"dataengine.marker": marker} if marker is not None else {}),
             }
         )
         delay = 0.05
@@ -440,7 +467,24 @@ class Store:
             for row in adds
         ]
         self.manifest.record(table, records)
+        if self.logs_recorded:
+            from storage.integrity import record_log
+
+            record_log(self, table, [version], source=source)
         return version
+
+    def heal(self, tables: list[str] | None = None) -> list[str]:
+        """Complete the records of commits whose writer was killed between the commit and its
+        checksums (`integrity.heal`: each added file must decode and hold what its log entry
+        states); one line per log entry recorded. Every writer does this at its first append."""
+        from storage.integrity import heal
+
+        if not self.logs_recorded:
+            return []
+        lines = []
+        for table in tables or self.tables():
+            lines += heal(self, table)
+        return lines
 
     def committed_shards(self, table: str, run_id: str) -> set[str]:
         """shard_ids of `run_id` that have rows in `table` (a resumed run skips them)."""
@@ -492,10 +536,17 @@ class Store:
         With `full`, every file is hashed and decoded with Polars' Parquet reader, and files
         with no recorded checksum are listed too.
         """
-        from storage.integrity import verify_files
+        from storage.integrity import log_problems, verify_files
 
-        dt = self._delta(table, version)
-        return verify_files(self, table, _data_files(dt), full=full)
+        logged = log_problems(self, table, full=full) if self.logs_recorded and self.has_table(table) else []
+        if any(p.kind == "log" for p in logged):
+            return logged  # the file list below comes from the damaged log
+        checking, self.check_log = self.check_log, False
+        try:
+            dt = self._delta(table, version)
+        finally:
+            self.check_log = checking
+        return logged + verify_files(self, table, _data_files(dt), full=full)
 
     def check(self, table: str, version: int | None = None, *, full: bool = False) -> None:
         """Raise `CorruptFileError` naming the first damaged data file of `table` (see `verify`)."""
@@ -692,7 +743,20 @@ class Store:
         )
         if not dry_run:
             self.manifest.forget(table, deleted)
+            self.heal([table])  # records the log entries vacuum wrote (they add no files)
         return deleted
+
+    def manifest_problems(self) -> list[str]:
+        """One line per damaged manifest marker row (`store repair` rewrites them)."""
+        from storage.manifest import _check_marker
+
+        out = []
+        for tbl, run_id, shard_id, marker in self.manifest.marker_rows():
+            try:
+                _check_marker(self.manifest.path, tbl, run_id, shard_id, marker)
+            except StoreError as exc:
+                out.append(str(exc))
+        return out
 
     def history(self, table: str) -> list[dict[str, Any]]:
         """The Delta commit history of `table`, newest first."""

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from dataengine.commands.common import fail, open_store
+
 
 def register(app: typer.Typer) -> None:
     @app.command("generate")
@@ -101,9 +103,14 @@ def register(app: typer.Typer) -> None:
             )
         from dataengine.policy.openai import EndpointError
         from dataengine.suites import TaskFileError
+        from storage.errors import StoreError
 
+        # A store path that cannot be a store (a plain file, ...) fails before the model loads.
+        open_store(cfg.store, create=True)
         try:
             summary = generate(cfg, run_id=run_id, progress=progress)
+        except StoreError as exc:
+            fail(exc)
         except (TaskFileError, ValueError, TypeError, EndpointError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=2) from None

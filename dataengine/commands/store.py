@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
                 dedup=dedup.value, near_threshold=near_threshold, embedder=embedder,
                 include_logprobs=include_logprobs, balance_by=balance_by, record_run_id=record_run_id,
             )
-        except (StoreError, ValueError, KeyError, ImportError) as exc:
+        except (StoreError, ValueError, KeyError, ImportError, NotADirectoryError) as exc:
             _fail(str(exc))
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
             _read_failure(opened, exc, [kind.value], {kind.value: version} if version is not None else None)

@@ -20,6 +20,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import tempfile
@@ -85,6 +86,9 @@ class Sandbox:
     namespaces: isolate workers in Linux namespaces where the kernel allows it.
     cgroup: "auto" (use cgroup v2 when this process may create memory-limited child groups),
         a cgroup v2 folder with the memory controller delegated, or None (watchdog only).
+    fork_calls: run every call in a process forked from a worker that never runs one, so no
+        call can change another's result (the default); False runs calls in the reused
+        worker itself (earlier versions' behaviour; benchmarks compare the two).
     Thread-safe: calls from several threads are serialised. Create one per process: a forked
     copy of a Sandbox would share its workers' pipes with the original.
     """
@@ -102,6 +106,7 @@ class Sandbox:
         read_paths: Sequence[str] = (),
         namespaces: bool = True,
         cgroup: str | None = "auto",
+        fork_calls: bool = True,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -116,6 +121,7 @@ class Sandbox:
         self._view = read_only_view(self.read_paths)
         self.namespaces = bool(namespaces) and not _NAMESPACES_BROKEN
         self.cgroup = _memory_cgroup(cgroup)
+        self.fork_calls = bool(fork_calls)
         self._ctx = mp.get_context("forkserver")
         # Imported once in the fork server, so each worker (and each replacement) starts fast.
         self._ctx.set_forkserver_preload(["dataengine.tools.worker", "jsonschema", "transformers.utils.chat_template_utils"])
@@ -230,7 +236,7 @@ class Sandbox:
             group = os.path.join(self.cgroup["parent"], f"worker-{self._started}")
             _make_worker_cgroup(group)
         setup = Setup(self.limits, self.preload, self.modules, tempfile.mkdtemp(prefix="dataengine-sandbox-"),
-                      self._view, self.namespaces, group)
+                      self._view, self.namespaces, group, self.fork_calls)
         return _Worker(self._ctx, setup, watchdog=not self.cgroup)
 
     def _run(self, items: list[CallItem], results: list[Any]) -> None:
@@ -489,7 +495,8 @@ class _Worker:
         toolbox, call, state = item
         self.set_memory_limit(refresh=False)
         try:
-            self.conn.send(("call", seq, toolbox, call.name, call.arguments, state))
+            # The call's fields travel pickled on their own: a forked call process unpickles them.
+            self.conn.send(("call", seq, toolbox, pickle.dumps((call.name, call.arguments, state))))
         except (BrokenPipeError, ConnectionResetError):
             return "dead"
         except Exception as exc:  # unpicklable arguments or state: nothing was written

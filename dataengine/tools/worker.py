@@ -12,9 +12,12 @@ With namespaces (the default, where the kernel allows them) a worker is three pr
 Without namespaces (kernel refuses, or Sandbox(namespaces=False)) W is the runner, a child
 subreaper in a private scratch folder on the host file system.
 
-After every call the runner checks that the call left nothing behind (threads, processes,
-patched modules, changed limits or signal handlers, new file descriptors); if it did, the
-result says so and the pool replaces the worker. Files in the scratch folder are wiped.
+Calls share nothing: the runner is a template that imports the toolboxes and never runs a call;
+each call runs in a process forked from it (`_call_in_child`), so a call starts from the state
+a fresh worker has and whatever it patches, caches or changes dies with its process. That
+process still checks that the call left nothing behind (threads, processes, patched modules,
+changed limits or signal handlers, namespaces); if it did, the result says so and the pool
+replaces the worker. Files in the scratch folder (and the private /dev/shm) are wiped.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import _signal
 import builtins
 import contextlib
+import gc
 import importlib
 import json
 import math
@@ -29,6 +33,7 @@ import os
 import pickle
 import random
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -93,6 +98,8 @@ class Setup:
     read_paths: the folders and files tools may read (read_only_view(); namespaces only:
         without them tools see the whole file system).
     cgroup: a cgroup v2 folder the worker moves into at start (the pool sets its memory.max).
+    fork_calls: run each call in a process forked from the runner (`_call_in_child`); False
+        runs calls in the runner itself (the reused worker of earlier versions, for benchmarks).
     """
 
     limits: Limits
@@ -102,6 +109,7 @@ class Setup:
     read_paths: tuple[str, ...] = ()
     namespaces: bool = True
     cgroup: str | None = None
+    fork_calls: bool = True
 
 
 class CpuLimitExceeded(BaseException):
@@ -111,6 +119,7 @@ class CpuLimitExceeded(BaseException):
 _in_call = [False]
 _IMPORT_ERRORS: list[str] = []
 _HOST_PID = [0]  # set in the runner when it lives in its own PID namespace
+_RUNNER_PID = [0]  # the runner's own pid, set before it forks calls
 _FDS = {"devnull": -1, "stderr": -1}
 
 
@@ -119,8 +128,9 @@ class NamespaceSetupFailed(Exception):
 
 
 def host_pid() -> int:
-    """The runner's process id as the engine sees it (tools see a namespace-local one)."""
-    return _HOST_PID[0] or os.getpid()
+    """The runner's process id as the engine sees it (tools see a namespace-local one); a
+    call's forked process gives its runner's."""
+    return _HOST_PID[0] or _RUNNER_PID[0] or os.getpid()
 
 
 def _on_sigxcpu(signum: int, frame: Any) -> None:
@@ -318,6 +328,7 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
         except Exception as exc:
             _IMPORT_ERRORS.append(f"module {module!r} failed to import: {_describe(exc)}")
     loaded: set[str] = set()
+    validators: dict[tuple[str, str], Any] = {}
     preload_errors: dict[str, str] = {}
     for name in setup.preload:
         try:
@@ -328,18 +339,23 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
     info = {**info, "capabilities": isolation.effective_capabilities(), "pss": _own_pss(),
             "preload_errors": preload_errors}
     keep = _kept(scratch, setup.read_paths)  # empty unless the view shows code under /tmp
+    _RUNNER_PID[0] = os.getpid()
+    if setup.fork_calls:
+        for name in loaded or {""}:
+            _warm_validators(name, validators)
+        gc.freeze()  # the collector would otherwise touch (and copy) every shared page in each call
     clean = _fingerprint(copy=True)
     _send(conn, "ready", 0, host_pid(), info)
-    validators: dict[tuple[str, str], Any] = {}
     while True:
         try:
             raw = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        msg = pickle.loads(raw)  # from the pool: trusted
+        msg = pickle.loads(raw)  # from the pool: trusted; the call's fields stay pickled in msg[3]
         if msg is None:
             return
-        _, seq, toolbox, name, arguments, state = msg
+        _, seq, toolbox, body = msg
+        del raw
         if toolbox not in loaded:
             loaded.add(toolbox)
             _send(conn, "loading", seq)
@@ -347,17 +363,120 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
                 get_toolbox(toolbox)
             except Exception:
                 pass  # _execute reports it
+            if setup.fork_calls:
+                _warm_validators(toolbox, validators)
             clean = _fingerprint(copy=True)  # what the import set up is the new normal
             _send(conn, "loaded", seq)  # the pool re-reads our size: the state does not count
-        elif len(raw) > LARGE_MESSAGE_BYTES:
+        elif len(body) > LARGE_MESSAGE_BYTES:
             _send(conn, "started", seq)  # a large state now in memory: the pool re-reads our size
-        result = _execute(toolbox, name, arguments, state, setup.limits, validators)
+        if setup.fork_calls:
+            _call_in_child(conn, seq, toolbox, body, setup, validators)
+        else:
+            _call(conn, seq, toolbox, body, setup, clean, validators)
+        del msg, body
         _wipe(scratch, keep)
-        status, output_json, error, state_json, seconds = result
-        out, new_state = (output_json or "").encode(), (state_json or "").encode()
-        _send(conn, "result", seq, status, error, seconds, _left_behind(clean),
-              len(out) if output_json is not None else -1, len(new_state) if state_json is not None else -1,
-              payload=out + new_state)
+
+
+def _call(conn: Connection, seq: int, toolbox: str, body: bytes, setup: Setup, clean: dict[str, Any],
+          validators: dict) -> None:
+    """Run one call (body: the pickled (tool name, arguments, state)) here and send its result."""
+    name, arguments, state = pickle.loads(body)
+    result = _execute(toolbox, name, arguments, state, setup.limits, validators)
+    status, output_json, error, state_json, seconds = result
+    out, new_state = (output_json or "").encode(), (state_json or "").encode()
+    _send(conn, "result", seq, status, error, seconds, _left_behind(clean),
+          len(out) if output_json is not None else -1, len(new_state) if state_json is not None else -1,
+          payload=out + new_state)
+
+
+def _call_in_child(conn: Connection, seq: int, toolbox: str, body: bytes, setup: Setup, validators: dict) -> None:
+    """Fork the call's process from this template, which never runs a call itself, so every
+    call starts from the state a fresh worker has and nothing a call changes reaches another.
+
+    The child reports its result straight to the pool, then one byte on a private pipe; a
+    child that dies without that byte (a signal, os._exit) ends this worker the same way, so
+    the pool sees the death it would have seen had the call run here.
+    """
+    _reap_exited()
+    done_r, done_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 0
+        try:
+            os.close(done_r)
+            with contextlib.suppress(OSError):
+                isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)  # the call's orphans are seen by its check
+            # Fork itself resets parts of `threading`: the child's own starting point is the clean one.
+            _call(conn, seq, toolbox, body, setup, _fingerprint(copy=True), validators)
+            os.write(done_w, b"1")
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    os.close(done_w)
+    try:
+        # Wait for the byte or the child's end, whichever comes first: a process the call
+        # started may hold the pipe open, and an exiting child need not be waited for.
+        pidfd = os.pidfd_open(child)
+    except (AttributeError, OSError):
+        pidfd = -1
+    try:
+        if pidfd >= 0:
+            select.select([done_r, pidfd], [], [])
+        os.set_blocking(done_r, False)
+        try:
+            done = os.read(done_r, 1) == b"1"
+        except BlockingIOError:
+            done = False
+        if done:
+            _EXITING.append(child)  # tearing down its memory takes longer than its call: reaped later
+            return
+        _, status = os.waitpid(child, 0)
+        with contextlib.suppress(BlockingIOError):
+            done = os.read(done_r, 1) == b"1"
+    finally:
+        os.close(done_r)
+        if pidfd >= 0:
+            os.close(pidfd)
+    if done and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) or 1)
+
+
+_EXITING: list[int] = []  # call processes that reported their result and are still exiting
+
+
+def _reap_exited() -> None:
+    for pid in list(_EXITING):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                continue
+        except ChildProcessError:
+            pass
+        _EXITING.remove(pid)
+
+
+def _warm_validators(toolbox_name: str, validators: dict) -> None:
+    """Build the argument validators of a toolbox's tools once, in the template, and import
+    what a call would otherwise import each time in its fresh process."""
+    import jsonschema
+
+    from dataengine.tools.registry import get_toolbox
+
+    if "numpy" in sys.modules:
+        importlib.import_module("numpy.random")  # lazy in numpy: each call would import it again (~50 ms)
+    try:
+        toolbox = get_toolbox(toolbox_name)
+    except Exception:
+        return
+    for tool in toolbox.tools.values():
+        schema = _standard_schema(tool.spec.parameters or {"type": "object", "properties": {}})
+        with contextlib.suppress(Exception):
+            validators[(toolbox_name, tool.name)] = jsonschema.validators.validator_for(schema)(schema)
 
 
 def _own_pss() -> int:
