@@ -155,3 +155,18 @@ def test_verdicts():
     # Off the gold path (divide was called) there is no gold action; nor without a task.
     assert pair_verdict(t, json.dumps(M_DIV), one("4.3236"), one("5")) == "no_gold"
     assert pair_verdict(None, prompt, one(MUL), one(DIV)) == "no_gold"
+
+
+def test_report_holds_the_audit(tmp_path):
+    from dataengine.derive import derive
+    from dataengine.report import report_tables
+
+    store = Store(tmp_path / "store")
+    rows = [{k: v for k, v in r.items()} for r in inverted_tree()]
+    store.append("nodes", rows, run_id=RUN, shard_id="s0")
+    t = task()
+    store.append("tasks", [{"task_id": t.id, "suite": t.suite, "split": "train", "task_json": t.model_dump_json()}],
+                 run_id=RUN, shard_id="s0")
+    derive(store, ["step-pairs"], run_ids=[RUN], options=DeriveOptions(pair_rule="margin", margin=0.1))
+    audit = report_tables(store, RUN)["pair_audit"]
+    assert audit.select("run_id", "suite", "pairs", "inverted", "gold_share").rows() == [(RUN, "arithmetic", 1, 1, 0.0)]

@@ -116,16 +116,17 @@ def audit_pairs(pairs: pl.DataFrame, tasks: pl.DataFrame | None) -> pl.DataFrame
     return steps.with_columns(verdict=pl.Series(verdicts, dtype=pl.String))
 
 
-def audit_table(audited: pl.DataFrame, trees: dict[str, int] | None = None) -> pl.DataFrame:
-    """Per suite: step pairs, one column per verdict, `gold_share` = prefers_gold over the pairs
-    whose node has a gold action (null when none has), and with `trees` (suite -> searched trees)
-    `pairs_per_tree`. One row per suite, sorted by suite."""
+def audit_table(audited: pl.DataFrame, trees: dict[str, int] | None = None,
+                by: tuple[str, ...] = ("suite",)) -> pl.DataFrame:
+    """Per suite (or per `by` columns): step pairs, one column per verdict, `gold_share` =
+    prefers_gold over the pairs whose node has a gold action (null when none has), and with
+    `trees` (suite -> searched trees) `trees` and `pairs_per_tree`. Sorted by `by`."""
     counts = (
-        audited.group_by("suite")
+        audited.group_by(*by)
         .agg(pairs=pl.len(), **{v: (pl.col("verdict") == v).sum() for v in VERDICTS})
         .with_columns(gold_share=pl.when(pl.col("pairs") > pl.col("no_gold"))
                       .then(pl.col("prefers_gold") / (pl.col("pairs") - pl.col("no_gold"))))
-        .sort("suite")
+        .sort(*by)
     )
     if trees is not None:
         suites = pl.DataFrame({"suite": list(trees), "trees": list(trees.values())},
@@ -146,6 +147,16 @@ def audit_lines(table: pl.DataFrame) -> list[str]:
                      f"({share} of those with a gold), {r['inverted']} inverted, {r['wrong_over_wrong']} wrong over "
                      f"wrong, {r['both_gold']} both gold, {r['no_gold']} without a gold")
     return lines
+
+
+def report_audit(pairs: pl.LazyFrame, tasks: pl.LazyFrame) -> pl.DataFrame:
+    """The run report's audit: `audit_table` per (run_id, suite) of the step pairs in `pairs`,
+    against the tasks of the same ids in `tasks` (any run)."""
+    steps = (pairs.filter(pl.col("kind") == "step")
+             .select("run_id", "task_id", "suite", "kind", "prompt_json", "chosen_json", "rejected_json").collect())
+    known = (tasks.filter(pl.col("task_id").is_in(steps["task_id"].unique().to_list()))
+             .select("task_id", "task_json").collect())
+    return audit_table(audit_pairs(steps, known), by=("run_id", "suite"))
 
 
 def stored_audit(store: Any, out_runs: list[str], source_runs: list[str] | None) -> pl.DataFrame:
