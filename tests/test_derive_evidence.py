@@ -100,10 +100,15 @@ def test_evidence_rule_pairs_the_verified_success():
     assert step_pairs(nodes, tasks, rule="margin", margin=0.1).collect()["node_id"].to_list() == [0]
 
 
-def test_rejected_side_with_a_success_is_never_rejected():
+def test_two_verified_sides_pair_only_beyond_shaping():
     rows = solved_tree()
-    rows[4].update(success=True)  # divide's answer now verified too (a task with two right calls)
+    # divide's answer verified too (a task with two right calls), its Q 0.6: 0.07 below is shaping.
+    rows[4].update(success=True)
+    rows[2].update(q=0.6)
     assert step_pairs(lazy(rows, "nodes")).collect().height == 0
+    # Q 0.3: a success worth a third (efficient_success's wasted steps) is a rejected side.
+    rows[2].update(q=0.3)
+    assert step_pairs(lazy(rows, "nodes")).collect()["pair_id"].to_list() == ["step/r1/tr1/0/1>2"]
 
 
 def test_subtree_outcomes():

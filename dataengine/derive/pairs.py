@@ -104,10 +104,11 @@ def step_pairs(
         action_text, action_key, q, critic_score, visits, logprob, terminal, success,
         messages_json).
     tasks: the `tasks` table, for the tool list of each pair (tools_json null without it).
-    rule "evidence": a pair (c, r) is kept when r has no verified success in its subtree and
-        either c has one (a verified pair), or value(c) - bound_c / sqrt(visits(c)) >
-        value(r) + bound_c / sqrt(visits(r)) with value(c) - value(r) >= bound_min_gap (a bound
-        pair); `margin` is not used. rule "margin": value(c) - value(r) >= margin.
+    rule "evidence": a pair (c, r) is kept when c has a verified success in its subtree and r
+        none, or both have one and value(c) - value(r) >= bound_min_gap (a verified pair), or
+        r has none and value(c) - bound_c / sqrt(visits(c)) > value(r) + bound_c /
+        sqrt(visits(r)) with value(c) - value(r) >= bound_min_gap (a bound pair); `margin` is
+        not used. rule "margin": value(c) - value(r) >= margin.
     Under both rules both sides have `visits >= min_visits`, only strictly better actions are
     chosen (chosen_value > rejected_value), and siblings with the same action key (one action
     sampled twice) never form a pair.
@@ -150,7 +151,11 @@ def step_pairs(
         half = lambda visits: bound_c / pl.col(visits).cast(pl.Float64).clip(lower_bound=1).sqrt()  # noqa: E731
         bound = ((pl.col("chosen_value") - half("chosen_visits") > pl.col("rejected_value") + half("rejected_visits"))
                  & (pl.col("margin") >= bound_min_gap))
-        evidence = (pl.col("rejected_solved") == 0) & ((pl.col("chosen_solved") > 0) | bound)
+        # Two verified sides differ by more than shaping only where the objective ranks
+        # successes (efficient_success: a success that wastes steps is worth less).
+        verified = (pl.col("chosen_solved") > 0) & ((pl.col("rejected_solved") == 0)
+                                                    | (pl.col("margin") >= bound_min_gap))
+        evidence = verified | ((pl.col("rejected_solved") == 0) & bound)
     pairs = (
         children.rename({"node_id": "chosen_id", "value": "chosen_value", "visits": "chosen_visits",
                          "logprob": "chosen_logprob", "action_text": "chosen_text", "action_key": "chosen_key",
