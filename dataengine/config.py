@@ -145,6 +145,12 @@ class SearchConfig(Section):
         "continue",
         description="a tree with a verified success: stop (its unspent tokens go to the batch's unsolved trees) or continue",
     )
+    solved_contrast: bool = Field(
+        False,
+        description="solved_policy 'stop': a solved tree stops only once every node on its first success's path with "
+        "two or more candidates has a second child expanded (or its simulations or tokens run out), so step pairs "
+        "have a visited sibling to set against the success",
+    )
 
     @property
     def action_slots(self) -> int:

@@ -175,3 +175,37 @@ def test_report_holds_the_audit(tmp_path):
     derive(store, ["step-pairs"], run_ids=[RUN], options=DeriveOptions(pair_rule="margin", margin=0.1))
     audit = report_tables(store, RUN)["pair_audit"]
     assert audit.select("run_id", "suite", "pairs", "inverted", "gold_share").rows() == [(RUN, "arithmetic", 1, 1, 0.0)]
+
+
+def test_solved_contrast_visits_a_sibling_before_a_solved_tree_stops(env):
+    """A one-call task: the right call, then two candidate answers, the gold one and a wrong one.
+    Under solved_policy "stop" the tree stops at its first success, before the wrong answer is
+    tried (no step pair); with search.solved_contrast it re-backs the success up (simulations,
+    no tokens) until PUCT expands the wrong answer, and the evidence rule pairs gold over wrong."""
+    from dataengine.search import batch_rows, search_batch
+    from dataengine.stages import make_reward
+    from dataengine.suites import generate_suite
+    from tests.test_search_features import RulePolicy, config, turn
+
+    task = generate_suite("arithmetic", n_train=3, n_heldout=0, seed=0)[1]  # What is 4628 * 289? (one multiply)
+    gold = task.gold.calls[0]
+    right = call(gold.name, gold.arguments["a"], gold.arguments["b"])
+    answers = [str(task.gold.answer), "12"]
+
+    def reply(conv, seed, i):
+        return right if turn(conv) == 0 else answers[i % 2]
+
+    found = {}
+    for contrast in (False, True):
+        cfg = config(search__objective="success", search__num_simulations=40, search__widening=False,
+                     search__solved_policy="stop", search__solved_contrast=contrast)
+        batch = search_batch([task], policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+        rows = batch_rows(batch, "rules@0")[0]
+        answered = {r["action_text"]: r["visits"] for r in rows if r["parent_id"] == 1}
+        pairs = step_pairs(pl.DataFrame(rows).lazy().with_columns(run_id=pl.lit("r"))).collect()
+        found[contrast] = (answered, pairs, int(batch.tree.num_simulations[0]))
+    assert found[False] == ({answers[0]: 1}, found[False][1], 2) and found[False][1].height == 0
+    answered, pairs, sims = found[True]
+    assert answered == {answers[0]: 4, answers[1]: 1} and sims == 6
+    (pair,) = pairs.iter_rows(named=True)
+    assert answers[0] in pair["chosen_json"] and answers[1] in pair["rejected_json"]
