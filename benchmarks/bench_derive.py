@@ -111,7 +111,7 @@ def main() -> None:
     print(f"{trees} trees, {n_nodes} nodes")
 
     start = time.perf_counter()
-    ours = step_pairs(frames["nodes"], frames["tasks"], margin=0.2, min_visits=1).collect()
+    ours = step_pairs(frames["nodes"], frames["tasks"], rule="margin", margin=0.2, min_visits=1).collect()
     polars_s = time.perf_counter() - start
     rows = frames["nodes"].collect().to_dicts()
     start = time.perf_counter()
@@ -123,7 +123,7 @@ def main() -> None:
     assert got == baseline, "Polars and the Python baseline disagree"
     print(f"step pairs: {ours.height} pairs; polars {polars_s:.3f} s (incl. prompts and tools), "
           f"python loop {python_s:.3f} s (same columns); ratio python/polars {python_s / polars_s:.2f}")
-    options = DeriveOptions(margin=0.2)
+    options = DeriveOptions(pair_rule="margin", margin=0.2)
     for kind in ("step-pairs", "trajectory-pairs", "sft", "recovery", "replay"):
         start = time.perf_counter()
         frame = derive_frame(kind, frames, options)

@@ -193,6 +193,12 @@ class SearchConfig(Section):
         "continue",
         description="a tree with a verified success: stop (its unspent tokens go to the batch's unsolved trees) or continue",
     )
+    solved_contrast: bool = Field(
+        False,
+        description="solved_policy 'stop': a solved tree stops only once every node on its first success's path with "
+        "two or more candidates has a second child expanded (or its simulations or tokens run out), so step pairs "
+        "have a visited sibling to set against the success",
+    )
 
     @property
     def action_slots(self) -> int:
@@ -207,8 +213,18 @@ class RewardConfig(Section):
 
 
 class DeriveConfig(Section):
-    margin: float = Field(0.2, ge=0, description="theta: least value gap for a step pair")
+    pair_rule: Literal["evidence", "margin"] = Field(
+        "evidence", description="what makes a step pair: 'evidence', a verified success below the chosen action "
+        "and none below the rejected one, or confidence bounds on their values that do not overlap (bound_c, "
+        "bound_min_gap); 'margin', a value gap of at least `margin` (shaping alone can make one)")
+    margin: float = Field(0.2, ge=0, description="theta: least value gap for a step pair under pair_rule 'margin'")
     min_visits: int = Field(1, ge=0, description="least visits of both actions of a step pair")
+    bound_c: float = Field(
+        1.0, ge=0, description="pair_rule 'evidence': half-width of an action's confidence interval on its value "
+        "is bound_c / sqrt(visits); a bound pair needs the chosen's lower bound above the rejected's upper bound")
+    bound_min_gap: float = Field(
+        0.3, ge=0, description="pair_rule 'evidence': least value gap of a bound pair, above the composite reward's "
+        "widest gap between two failures (shaping 0.15 over the syntax penalty's -0.1)")
     sft_per_task: int = Field(2, ge=1, description="k: successful trajectories kept per task")
     sft_fewest_steps: bool = Field(
         False, description="rejection-sampling SFT keeps only a task's successes with its fewest steps (no "

@@ -104,6 +104,8 @@ def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | 
         by their first tool turn);
       datasets: table, run_id, kind, rows (derived pairs / sft / replay rows);
       pair_counts: run_id, kind, pairs, mean_margin;
+      pair_audit: run_id, suite, pairs and one column per verdict of dataengine.derive.audit
+        (the step pairs against the tasks' gold), gold_share;
       models: model_id, parent_id, kind, via (why it is in the report), run_id, steps,
         first_loss, last_loss, path;
       training: model_id, kind, step, loss, reward, grad_norm, learning_rate (training_curves).
@@ -165,6 +167,9 @@ def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | 
         .sort("run_id", "kind")
         .collect()
     )
+    from dataengine.derive.audit import report_audit
+
+    tables["pair_audit"] = report_audit(scan("pairs").filter(sel.rows()), scan("tasks"))
     models = (scan("models").filter(sel.model_rows())
               .select("model_id", "parent_id", "kind", "run_id", "path", "metrics_json", "created_at")
               .sort("created_at", "model_id").collect().unique("model_id", keep="last", maintain_order=True))
@@ -344,6 +349,7 @@ SECTIONS = [
     ("Why episodes fail (by the first tool turn)", "failures", None),
     ("Derived datasets", "datasets", None),
     ("Preference pairs", "pair_counts", "margins"),
+    ("Step pairs against the gold (read to report only: prefer gold, inverted, wrong over wrong)", "pair_audit", None),
     ("Checkpoints (how each is joined to the runs: via)", "models", None),
     ("Search trees: a solved and an unsolved tree", None, "trees"),
     ("Runs", "runs", None),

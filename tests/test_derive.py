@@ -116,9 +116,9 @@ def test_step_pairs_exact(frames):
 
 def test_step_pairs_margin_and_visits(frames):
     nodes, _, _ = frames
-    assert step_pairs(nodes, margin=0.8).collect()["node_id"].to_list() == [1]
+    assert step_pairs(nodes, rule="margin", margin=0.8).collect()["node_id"].to_list() == [1]
     # With no visit floor the unvisited garbage action 3 becomes a rejected side (0.9 - 0.1 >= 0.2).
-    loose = step_pairs(nodes, margin=0.2, min_visits=0).collect()
+    loose = step_pairs(nodes, rule="margin", margin=0.2, min_visits=0).collect()
     assert sorted(loose["pair_id"].to_list()) == sorted(
         ["step/r1/tr1/0/1>2", "step/r1/tr1/0/1>3", "step/r1/tr1/1/4>5"]
     )
@@ -240,7 +240,7 @@ def test_derive_writes_with_lineage(store):
     runs = store.runs().filter(pl.col("kind").str.starts_with("derive/")).collect()
     assert runs.height == 5
     # Deriving again replaces the shard: still one copy.
-    derive(store, ["step-pairs"], run_ids=[RUN], options=DeriveOptions(margin=0.8))
+    derive(store, ["step-pairs"], run_ids=[RUN], options=DeriveOptions(pair_rule="margin", margin=0.8))
     assert store.pairs().filter(pl.col("kind") == "step").collect().height == 1
     # The TRL export reads the derived rows.
     rows, _, _, _ = export_frame(store, "pairs", include_logprobs=True)
@@ -282,7 +282,7 @@ def test_derive_reads_real_search_rows(tmp_path):
     )
     summary = generate(config, run_id="real", progress=False)
     store = Store(tmp_path / "store")
-    results = derive(store, run_ids=["real"], options=DeriveOptions(margin=0.0, replay_min_samples=1))
+    results = derive(store, run_ids=["real"], options=DeriveOptions(pair_rule="margin", margin=0.0, replay_min_samples=1))
     assert [r.kind for r in results] == ["step-pairs", "trajectory-pairs", "sft", "recovery", "replay"]
     # The tiny model solves nothing: no success means no SFT rows and no trajectory pairs.
     counts = {r.kind: r.rows for r in results}

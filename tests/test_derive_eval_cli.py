@@ -31,9 +31,13 @@ def store(tmp_path):
 
 
 def test_derive_all(app, store):
-    result = CliRunner().invoke(app, ["derive", "all", "--store", str(store.root), "--run", RUN, "--margin", "0.8"])
+    result = CliRunner().invoke(app, ["derive", "all", "--store", str(store.root), "--run", RUN, "--rule", "margin", "--margin", "0.8"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.splitlines()]
+    # The audit: this task has no gold, so its one step pair has no gold action to judge.
+    audit = [line for line in lines if "audit" in line]
+    assert [(a["suite"], a["pairs"], a["no_gold"], a["trees"]) for a in audit] == [("arith", 1, 1, 1)]
+    lines = [line for line in lines if "audit" not in line]
     assert {line["kind"]: line["rows"] for line in lines} == {
         "step-pairs": 1, "trajectory-pairs": 2, "sft": 1, "recovery": 1, "replay": 2}
     assert store.pairs().filter(pl.col("kind") == "step").collect()["margin"].to_list() == [1.0]

@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         run: Annotated[list[str] | None, typer.Option("--run", help="Source run id (repeat for several).")] = None,
         out_run: Annotated[str | None, typer.Option("--out-run", help="Run id of the written rows (default: the source run).")] = None,
         config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file; its `derive` section sets the defaults.")] = None,
-        margin: Annotated[float | None, typer.Option("--margin", help="Step pairs: least value gap theta.")] = None,
+        rule: Annotated[str | None, typer.Option("--rule", help="Step pairs: evidence (verified success or confidence bounds) or margin (value gap alone).")] = None,
+        margin: Annotated[float | None, typer.Option("--margin", help="Step pairs under --rule margin: least value gap theta.")] = None,
         min_visits: Annotated[int | None, typer.Option("--min-visits", help="Step pairs: least visits of both actions.")] = None,
         critic_weight: Annotated[float, typer.Option("--critic-weight", help="Step pairs: w in (1-w)*Q + w*critic.")] = 0.0,
         pairs_per_task: Annotated[int, typer.Option("--pairs-per-task", help="Trajectory pairs kept per task.")] = 4,
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
             kinds = list(KINDS) if kind is DeriveKind.all else [kind.value]
             results = derive_datasets(
                 _open_store(store), kinds, run_ids=run or None, out_run_id=out_run, derive=engine.derive,
-                margin=margin, min_visits=min_visits, sft_per_task=sft_per_task, replay_low=low, replay_high=high,
+                pair_rule=rule, margin=margin, min_visits=min_visits, sft_per_task=sft_per_task, replay_low=low, replay_high=high,
                 critic_weight=critic_weight, pairs_per_task=pairs_per_task, near_threshold=near,
                 replay_min_samples=min_samples, replay_prefixes=prefixes, same_state=same_state,
             )
@@ -74,6 +75,13 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"kind": r.kind, "table": r.table, "run_id": r.run_id, "shard_id": r.shard_id,
                                    "rows": r.rows, "version": r.version, "source_versions": r.source_versions,
                                    "seconds": round(r.seconds, 3)}, sort_keys=True))
+        if any(r.kind == "step-pairs" for r in results):
+            from dataengine.derive.audit import stored_audit
+
+            out_runs = sorted({r.run_id for r in results if r.kind == "step-pairs"})
+            # The gold is read to report only; selection never sees it.
+            for row in stored_audit(_open_store(store), out_runs, run or None).iter_rows(named=True):
+                typer.echo(json.dumps({"audit": "step-pairs", **row}, sort_keys=True))
 
     @app.command("eval")
     def eval_command(

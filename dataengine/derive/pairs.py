@@ -1,9 +1,13 @@
 """Preference pairs from search trees and trajectories (rows of the store's `pairs` table).
 
-- `step_pairs` (Agent Q): at every expanded node, each two sibling actions whose mixed value
-  differs by at least `margin` and whose visit counts both reach `min_visits` give one pair:
-  prompt = the conversation up to the node, chosen/rejected = the better/worse action (one
-  assistant message each), with the margin, the visits and the behaviour log-probs kept.
+- `step_pairs` (Agent Q): at every expanded node, two sibling actions give one pair when the
+  evidence says the better one is better (`rule`): under "evidence" (default) the chosen side
+  has a verified success in its subtree and the rejected side none, or, from value estimates,
+  the chosen side's lower confidence bound lies above the rejected side's upper bound
+  (visits-aware) with a gap wider than shaping can make; under "margin" (the earlier rule) a
+  mixed-value gap of at least `margin` is enough. prompt = the conversation up to the node,
+  chosen/rejected = the better/worse action (one assistant message each), with the margin,
+  the visits and the behaviour log-probs kept.
 - `trajectory_pairs` (ETO): a successful and a failed trajectory of the same task: prompt = the
   task's messages (before the first assistant turn), chosen/rejected = the rest of each episode.
 
@@ -28,6 +32,14 @@ from dataengine.derive.common import (
 MARGIN = 0.2
 # Least visits of both siblings, so pairs rest on backed-up values and not on one rollout.
 MIN_VISITS = 1
+# Half-width of a side's confidence interval on its value is BOUND_C / sqrt(visits): Hoeffding's
+# for values in a range of 1 at about e^-2 = 0.14 per side.
+BOUND_C = 1.0
+# Least value gap of a bound pair: wider than the composite reward's widest gap between two
+# failures (shaping 0.15 above zero, the syntax penalty 0.1 below it), so shaping alone never
+# makes a pair.
+BOUND_MIN_GAP = 0.3
+RULES = ("evidence", "margin")
 # Trajectory pairs kept per task at most (largest margins first).
 PAIRS_PER_TASK = 4
 
@@ -52,34 +64,73 @@ def node_value(critic_weight: float = 0.0) -> pl.Expr:
     return (1.0 - critic_weight) * q + critic_weight * pl.col("critic_score").cast(pl.Float64).fill_null(q)
 
 
+def subtree_outcomes(nodes: pl.LazyFrame) -> pl.LazyFrame:
+    """Verified outcomes below every node that has a terminal in its subtree (itself included).
+
+    nodes: the `nodes` table (run_id, tree_id, node_id, parent_id, terminal, success).
+    Columns: run_id, tree_id, node_id, solved (successful terminals in the subtree), ended
+    (terminals in the subtree). The tree's parent links are collected (five small columns) and
+    walked up from each terminal, one join per level.
+    """
+    links = nodes.select("run_id", "tree_id", "node_id", "parent_id").collect()
+    up = links.lazy().filter(pl.col("parent_id").is_not_null())
+    frontier = (nodes.filter(pl.col("terminal").fill_null(False))
+                .select("run_id", "tree_id", "node_id", solved=pl.col("success").fill_null(False).cast(pl.Int64))
+                .collect())
+    levels = [frontier]
+    while frontier.height:
+        frontier = (frontier.lazy().join(up, on=["run_id", "tree_id", "node_id"])
+                    .select("run_id", "tree_id", pl.col("parent_id").alias("node_id"), "solved").collect())
+        levels.append(frontier)
+    return (pl.concat(levels).lazy().group_by("run_id", "tree_id", "node_id")
+            .agg(solved=pl.col("solved").sum(), ended=pl.len().cast(pl.Int64)))
+
+
 def step_pairs(
     nodes: pl.LazyFrame,
     tasks: pl.LazyFrame | None = None,
     *,
+    rule: str = "evidence",
     margin: float = MARGIN,
     min_visits: int = MIN_VISITS,
+    bound_c: float = BOUND_C,
+    bound_min_gap: float = BOUND_MIN_GAP,
     critic_weight: float = 0.0,
     run_ids: list[str] | None = None,
 ) -> pl.LazyFrame:
     """Sibling pairs of every expanded node of every tree in `nodes` (module docstring).
 
     nodes: the `nodes` table (columns run_id, tree_id, node_id, parent_id, task_id, suite,
-        action_text, action_key, q, critic_score, visits, logprob, messages_json).
+        action_text, action_key, q, critic_score, visits, logprob, terminal, success,
+        messages_json).
     tasks: the `tasks` table, for the tool list of each pair (tools_json null without it).
-    Only strictly better actions are chosen (chosen_value > rejected_value), and siblings with
-    the same action key (one action sampled twice) never form a pair.
+    rule "evidence": a pair (c, r) is kept when c has a verified success in its subtree and r
+        none, or both have one and value(c) - value(r) >= bound_min_gap (a verified pair), or
+        r has none and value(c) - bound_c / sqrt(visits(c)) > value(r) + bound_c /
+        sqrt(visits(r)) with value(c) - value(r) >= bound_min_gap (a bound pair); `margin` is
+        not used. rule "margin": value(c) - value(r) >= margin.
+    Under both rules both sides have `visits >= min_visits`, only strictly better actions are
+    chosen (chosen_value > rejected_value), and siblings with the same action key (one action
+    sampled twice) never form a pair.
     """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     if min_visits < 0:
         raise ValueError(f"min_visits must be >= 0, got {min_visits}")
+    if bound_c < 0 or bound_min_gap < 0:
+        raise ValueError(f"bound_c and bound_min_gap must be >= 0, got {bound_c} and {bound_min_gap}")
     nodes = keep_runs(nodes, run_ids)
     edge = ["run_id", "tree_id", "parent_id"]
     children = (
         nodes.filter(pl.col("parent_id").is_not_null())
         .with_columns(value=node_value(critic_weight))
         .filter(pl.col("value").is_not_null() & (pl.col("visits").fill_null(0) >= min_visits))
-        .select(*edge, "task_id", "suite", "node_id", "action_text", "action_key", "value", "visits", "logprob")
+        .join(subtree_outcomes(nodes), on=["run_id", "tree_id", "node_id"], how="left")
+        .with_columns(pl.col("solved").fill_null(0))
+        .select(*edge, "task_id", "suite", "node_id", "action_text", "action_key", "value", "visits", "logprob",
+                "solved")
     )
     rejected = children.select(
         *edge,
@@ -89,18 +140,31 @@ def step_pairs(
         pl.col("value").alias("rejected_value"),
         pl.col("visits").alias("rejected_visits"),
         pl.col("logprob").alias("rejected_logprob"),
+        pl.col("solved").alias("rejected_solved"),
     )
     parents = nodes.select(
         "run_id", "tree_id", pl.col("node_id").alias("parent_id"), pl.col("messages_json").alias("prompt_json")
     )
+    if rule == "margin":
+        evidence = pl.col("margin") >= margin
+    else:
+        half = lambda visits: bound_c / pl.col(visits).cast(pl.Float64).clip(lower_bound=1).sqrt()  # noqa: E731
+        bound = ((pl.col("chosen_value") - half("chosen_visits") > pl.col("rejected_value") + half("rejected_visits"))
+                 & (pl.col("margin") >= bound_min_gap))
+        # Two verified sides differ by more than shaping only where the objective ranks
+        # successes (efficient_success: a success that wastes steps is worth less).
+        verified = (pl.col("chosen_solved") > 0) & ((pl.col("rejected_solved") == 0)
+                                                    | (pl.col("margin") >= bound_min_gap))
+        evidence = verified | ((pl.col("rejected_solved") == 0) & bound)
     pairs = (
         children.rename({"node_id": "chosen_id", "value": "chosen_value", "visits": "chosen_visits",
-                         "logprob": "chosen_logprob", "action_text": "chosen_text", "action_key": "chosen_key"})
+                         "logprob": "chosen_logprob", "action_text": "chosen_text", "action_key": "chosen_key",
+                         "solved": "chosen_solved"})
         .join(rejected, on=edge)
         .with_columns(margin=pl.col("chosen_value") - pl.col("rejected_value"))
         .filter(
             (pl.col("margin") > 0)
-            & (pl.col("margin") >= margin)
+            & evidence
             & pl.col("chosen_key").ne_missing(pl.col("rejected_key"))
         )
         .join(parents, on=edge, how="left")

@@ -21,6 +21,8 @@ import polars as pl
 
 from dataengine.derive.common import with_parsed_calls
 from dataengine.derive.pairs import (
+    BOUND_C,
+    BOUND_MIN_GAP,
     MARGIN,
     MIN_VISITS,
     PAIR_COLUMNS,
@@ -61,7 +63,8 @@ REQUIRED_SOURCES = {
 class DeriveOptions:
     """Settings of every derivation (DeriveConfig's fields plus the finer ones).
 
-    margin, min_visits, critic_weight: step pairs (see step_pairs).
+    pair_rule, margin, min_visits, bound_c, bound_min_gap, critic_weight: step pairs (see
+        step_pairs; margin applies under pair_rule "margin" only).
     pairs_per_task, pair_min_margin: trajectory pairs.
     sft_per_task, near_threshold, sft_fewest_steps: rejection-sampling SFT (near_threshold None:
         exact dedup only; sft_fewest_steps: only each task's shortest successes).
@@ -70,8 +73,11 @@ class DeriveOptions:
     replay_low, replay_high, replay_min_samples, replay_prefixes: GRPO replay.
     """
 
+    pair_rule: str = "evidence"
     margin: float = MARGIN
     min_visits: int = MIN_VISITS
+    bound_c: float = BOUND_C
+    bound_min_gap: float = BOUND_MIN_GAP
     critic_weight: float = 0.0
     pairs_per_task: int = PAIRS_PER_TASK
     pair_min_margin: float = 0.0
@@ -86,8 +92,10 @@ class DeriveOptions:
 
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> DeriveOptions:
-        """From a config.DeriveConfig (margin, min_visits, sft_per_task, replay_low/high)."""
-        base = {"margin": config.margin, "min_visits": config.min_visits, "sft_per_task": config.sft_per_task,
+        """From a config.DeriveConfig (pair_rule, margin, min_visits, bound_c, bound_min_gap,
+        sft_per_task, sft_fewest_steps, replay_low/high)."""
+        base = {"pair_rule": config.pair_rule, "margin": config.margin, "min_visits": config.min_visits,
+                "bound_c": config.bound_c, "bound_min_gap": config.bound_min_gap, "sft_per_task": config.sft_per_task,
                 "sft_fewest_steps": config.sft_fewest_steps,
                 "replay_low": config.replay_low, "replay_high": config.replay_high}
         base.update({k: v for k, v in overrides.items() if v is not None})
@@ -125,8 +133,8 @@ def _derive_frame(kind: str, sources: dict[str, pl.LazyFrame | None], options: D
     o = options
     nodes, trajs, tasks = sources.get("nodes"), sources.get("trajectories"), sources.get("tasks")
     if kind == "step-pairs":
-        frame = step_pairs(nodes, tasks, margin=o.margin, min_visits=o.min_visits,
-                           critic_weight=o.critic_weight, run_ids=run_ids).select(PAIR_COLUMNS)
+        frame = step_pairs(nodes, tasks, rule=o.pair_rule, margin=o.margin, min_visits=o.min_visits,
+                           bound_c=o.bound_c, bound_min_gap=o.bound_min_gap, critic_weight=o.critic_weight, run_ids=run_ids).select(PAIR_COLUMNS)
     elif kind == "trajectory-pairs":
         frame = trajectory_pairs(trajs, tasks, nodes, per_task=o.pairs_per_task, min_margin=o.pair_min_margin,
                                  run_ids=run_ids).select(PAIR_COLUMNS)

@@ -21,7 +21,9 @@ Three batch-level features (docs/search.md has the rules):
 - transpositions: a node whose state equals an earlier node of its tree (`transposition_key`)
   reuses that node's value estimate instead of estimating again;
 - solved_policy "stop": a tree with a verified success stops (ExpandOutput.stop) and its
-  unspent tokens go to the batch's unsolved trees (`TokenBudget.transfer`).
+  unspent tokens go to the batch's unsolved trees (`TokenBudget.transfer`); with
+  `solved_contrast` only once every node on its first success's path that has two candidates
+  has a second child expanded, so step pairs have a visited sibling to set against the success.
 
 Shapes: B trees, L leaves per tree and iteration, K action slots per node (num_actions, or
 max_actions with widening), W exhausted nodes per tree offered for widening.
@@ -218,6 +220,7 @@ class LLMExpander:
         self.widen = self._widen if search.widening else None
         self.seen: list[dict[str, int]] = []
         self.solved: list[bool] = []
+        self.solved_path: list[list[int]] = []  # per tree: handles root..first success ([] unsolved)
         self.stopped: list[bool] = []
         self.prior: PriorKind = prior
         self.seed = seed
@@ -256,6 +259,7 @@ class LLMExpander:
         self.table.budget = self.budget
         self.seen = [{} for _ in tasks]
         self.solved = [False] * len(tasks)
+        self.solved_path = [[] for _ in tasks]
         self.stopped = [False] * len(tasks)
         handles = []
         for b, task in enumerate(tasks):
@@ -567,7 +571,9 @@ class LLMExpander:
         """A successful terminal: its tree is solved and every ancestor has a success below."""
         node = self.table[handle]
         self.solved[node.tree] = True
-        for h in self.table.path(handle):
+        path = self.table.path(handle)
+        self.solved_path[node.tree] = self.solved_path[node.tree] or path
+        for h in path:
             self.table[h].solved_below = True
 
     def _stop_solved_trees(self) -> torch.Tensor | None:
@@ -578,10 +584,20 @@ class LLMExpander:
             return None
         unsolved = [t for t, solved in enumerate(self.solved) if not solved]
         for t, solved in enumerate(self.solved):
-            if solved and not self.stopped[t]:
+            if solved and not self.stopped[t] and self._contrasted(t):
                 self.stopped[t] = True
                 self.budget.transfer(t, unsolved)
         return torch.tensor(self.stopped, dtype=torch.bool)
+
+    def _contrasted(self, tree: int) -> bool:
+        """Whether solved tree `tree` may stop: always, unless `solved_contrast`; then once every
+        node on its first success's path with two or more candidates has two children. The
+        success's Q keeps selection on it, so until then the tree spends simulations (no
+        tokens) re-backing it up, and PUCT's exploration term reaches a sibling as visits grow."""
+        if not self.search.solved_contrast:
+            return True
+        path = self.solved_path[tree][:-1]
+        return all(len(self.table[h].children) >= 2 for h in path if len(self.table[h].edges) >= 2)
 
     # ------------------------------------------------------------------ pieces
 
