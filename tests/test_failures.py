@@ -1,4 +1,4 @@
-"""Why episodes fail (dataengine.failures): each kind from the messages the real sandboxed
+"""Why episodes fail (dataengine.report.failures): each kind from the messages the real sandboxed
 ToolEnv writes for scripted replies, so a changed error message breaks the test, and the
 report's per-run table."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dataengine.failures import failure_kind, failure_kinds
+from dataengine.report.failures import failure_kind, failure_kinds
 
 
 @pytest.fixture(scope="module")

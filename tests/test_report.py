@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dataengine.report import build_report, report_tables, round_of, training_curves
-from dataengine.report_runs import select_runs
-from dataengine.report_trees import action_label, labelled_tree, pick_trees, tree_layout
+from dataengine.report.runs import select_runs
+from dataengine.report.trees import action_label, labelled_tree, pick_trees, tree_layout
 from storage import Store
 from storage.queries import tree_graph
 
@@ -171,7 +171,7 @@ def test_tree_picture_labels_never_overlap(store, tmp_path):
     from matplotlib.collections import LineCollection, PathCollection
     from matplotlib.path import Path as MPath
 
-    from dataengine.report_trees import draw_trees, tree_figure
+    from dataengine.report.trees import draw_trees, tree_figure
 
     panels = [(labelled_tree(wide_deep_tree()), "wide"), (labelled_tree(tree_graph(store, "demo/r2", "tree-0")), "mixed"),
               (labelled_tree(tree_graph(store, "demo/r2", "tree-1")), "unsolved")]

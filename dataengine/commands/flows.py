@@ -1,5 +1,5 @@
 """`dataengine pipeline`, `dataengine schedule ...`, `dataengine report`: the Prefect flows and
-the run report from the command line (flows/ holds the flows; dataengine/report.py the report)."""
+the run report from the command line (flows/ holds the flows; dataengine/report/ the report)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Why episodes fail, by the first tool call (docs/search.md, schema edits; the kinds are
-dataengine.failures'): success; no call; a call cut off at the token limit; an empty first reply;
+dataengine.report.failures'): success; no call; a call cut off at the token limit; an empty first reply;
 an unknown tool; a call missing a required argument, with an argument outside the tool's enum or
 an unexpected one; a tool that raised; a call that ran (then a wrong answer, or the wrong
 arguments of the right type). `dataengine report` shows the same table per run and suite.
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import polars as pl  # noqa: E402
 
-from dataengine.failures import failure_kinds  # noqa: E402
+from dataengine.report.failures import failure_kinds  # noqa: E402
 from storage import Store  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """The run report: one HTML page (plus the same in markdown, and the figures as PNG files).
 
-`build_report(store, runs, out_dir)` covers any set of run ids (dataengine.report_runs): the
+`build_report(store, runs, out_dir)` covers any set of run ids (dataengine.report.runs): the
 rows of each run and of its sub-runs (a pipeline writes `<run>/r<round>` for each round's search
 and `<run>/r<round>/eval` for the evaluation after it; round 0 is the starting model), the models
 trained on their data or from those models, and the evals of those models. It writes:
@@ -11,7 +11,7 @@ trained on their data or from those models, and the evals of those models. It wr
   `log_history` recorded in their metrics;
 - distributions: trajectory rewards, node Q and leaf value estimates (histograms);
 - verifier pass rates, why episodes fail, derived datasets, preference pair margins, checkpoints, runs;
-- a solved and an unsolved search tree side by side (dataengine.report_trees), nodes labelled
+- a solved and an unsolved search tree side by side (dataengine.report.trees), nodes labelled
   with their actions, parse errors marked.
 
 `report_tables` returns the same numbers as Polars DataFrames, for tests and notebooks.
@@ -29,8 +29,8 @@ from typing import Any
 
 import polars as pl
 
-from dataengine.failures import failure_kinds
-from dataengine.report_runs import Selection, run_filter, select_runs
+from dataengine.report.failures import failure_kinds
+from dataengine.report.runs import Selection, run_filter, select_runs
 
 ROUND = re.compile(r"/r(\d+)(?:/|$)")
 CURVE_KEYS = ("loss", "reward", "grad_norm", "learning_rate")
@@ -92,7 +92,7 @@ def training_curves(models: pl.DataFrame) -> pl.DataFrame:
 
 def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | None = None) -> dict[str, pl.DataFrame]:
     """The report's numbers for `runs` (one id or several; each with its sub-runs, joined as
-    dataengine.report_runs.select_runs says).
+    dataengine.report.runs.select_runs says).
 
     Returns DataFrames:
       runs: run_id, shard_id, kind, model_id, created_at (sorted by time);
@@ -100,7 +100,7 @@ def report_tables(store: Any, runs: str | Iterable[str], selection: Selection | 
       evals: run_id, round, model_id, suite, metric, value, ci_low, ci_high, n;
       verifiers: verifier, version, verdicts, applicable, passed, mean_score (over applicable
         verdicts; every score is in [0, 1]), pass_rate;
-      failures: run_id, suite, kind, episodes, share (dataengine.failures: why episodes fail,
+      failures: run_id, suite, kind, episodes, share (dataengine.report.failures: why episodes fail,
         by their first tool turn);
       datasets: table, run_id, kind, rows (derived pairs / sft / replay rows);
       pair_counts: run_id, kind, pairs, mean_margin;
@@ -358,7 +358,7 @@ SECTIONS = [
 
 def _tree_figure(store: Any, sel: Selection, out: Path) -> tuple[Path | None, dict[str, tuple[str, str] | None], str]:
     """The side-by-side tree picture, the trees chosen, and a note on what is missing."""
-    from dataengine.report_trees import draw_trees, labelled_tree, pick_trees
+    from dataengine.report.trees import draw_trees, labelled_tree, pick_trees
     from storage.queries import tree_graph
 
     chosen = pick_trees(with_round(store.scan_or_empty("nodes").filter(sel.rows())))
