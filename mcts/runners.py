@@ -1,6 +1,6 @@
-"""How the search runs a fixed-step function `fn(steps, generator)` (mcts.search's
-`_search_static`): recorded once and replayed as CUDA graphs, or compiled by torch.compile (C++ on
-CPU, Triton kernels on CUDA).
+"""How the fixed-step runner (`mcts.fixed_steps.search_fixed_steps`) runs a fixed-step function
+`fn(steps, generator)`: recorded once and replayed as CUDA graphs, or compiled by torch.compile
+(C++ on CPU, Triton kernels on CUDA).
 
 Both need `fn` to read and write only tensors that live across calls and to take a fixed number
 of steps, never asking the device anything; mcts.search supplies such functions.

@@ -10,8 +10,10 @@ See docs/search.md. The tensor search itself lives in mcts/; this package is its
 """
 
 from dataengine.budget import TokenBudget
-from dataengine.search.adapter import ExpandCounters, LeafValue, LLMExpander
+from dataengine.search.adapter import LLMExpander
 from dataengine.search.baselines import PlayedEpisode, best_of_n, greedy, play_episodes
+from dataengine.search.counters import ExpandCounters
+from dataengine.search.leaves import LeafValue
 from dataengine.search.nodes import (
     Edge,
     NodeTable,

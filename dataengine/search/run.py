@@ -18,8 +18,9 @@ from dataengine.budget import TokenBudget
 from dataengine.config import EngineConfig
 from dataengine.env import ToolEnv
 from dataengine.policy.base import Policy
-from dataengine.search.adapter import ExpandCounters, LLMExpander
+from dataengine.search.adapter import LLMExpander
 from dataengine.search.baselines import PlayedEpisode, play_episodes
+from dataengine.search.counters import ExpandCounters
 from dataengine.search.nodes import NodeTable, PriorKind
 from dataengine.search.rows import task_rows, trajectory_row, tree_rows
 from dataengine.types import Task
