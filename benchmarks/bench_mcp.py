@@ -7,7 +7,7 @@ Uses tests/mcp_servers/bank.py over stdio, under four configs:
   direct     stateful: false, every call on one long-lived session (the baseline);
   line       stateful replay, a branch extended call after call (each call finds the session
              left at its branch's end: no replay);
-  replay@d   stateful replay with idle_sessions 0, a call from a branch of depth d: a fresh
+  replay@d   stateful replay with idle_sessions=0, a call from a branch of depth d: a fresh
              session (a new server process) replays the d earlier calls first; what a
              sibling branch pays;
   snapshot   stateful with snapshot/restore tools: restore, call, snapshot on one session.
