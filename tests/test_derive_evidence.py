@@ -185,7 +185,7 @@ def test_solved_contrast_visits_a_sibling_before_a_solved_tree_stops(env):
     from dataengine.search import batch_rows, search_batch
     from dataengine.stages import make_reward
     from dataengine.suites import generate_suite
-    from tests.test_search_features import RulePolicy, config, turn
+    from test_search_features import RulePolicy, config, turn
 
     task = generate_suite("arithmetic", n_train=3, n_heldout=0, seed=0)[1]  # What is 4628 * 289? (one multiply)
     gold = task.gold.calls[0]
