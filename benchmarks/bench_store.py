@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataengine.export import export
+from dataengine.derive.export import export
 from storage import Store
 from storage.export import ExportFilters
 from storage.queries import node_stats

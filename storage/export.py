@@ -1,6 +1,6 @@
 """Export files of the derived tables: which rows (filters, committed shards), balancing by
 oversampling, and the atomic writing of TRL datasets with their lineage. Knows the dataset
-formats (storage.formats) but not how messages are rendered: dataengine.export builds the rows
+formats (storage.formats) but not how messages are rendered: dataengine.derive.export builds the rows
 (messages in TRL's tool-calling form) and calls `write_rows`.
 
 Formats (`out` is the path written):
@@ -19,7 +19,7 @@ Balancing (`oversample`): rows of every value of a balance key repeated in order
 count of the largest value; `task_field` reads a key from the rows' stored tasks.
 
 The lineage record (source table versions, filters, dedup and balance settings and counts)
-rebuilds the same rows through Delta time travel: dataengine.export.reexport.
+rebuilds the same rows through Delta time travel: dataengine.derive.export.reexport.
 """
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ EXPORTER = textwrap.dedent("""
     import os, signal, sys
     import storage.atomic as atomic
     from storage import Store
-    from dataengine.export import export
+    from dataengine.derive.export import export
 
     real_rename = os.rename
     def rename(a, b):
@@ -276,7 +276,7 @@ EXPORTER = textwrap.dedent("""
 
 
 def test_a_killed_folder_export_leaves_a_complete_export_and_the_next_one_cleans_up(tmp_path):
-    from dataengine.export import export
+    from dataengine.derive.export import export
     from storage.export import load_exported
 
     store = _exportable(tmp_path / "store")
@@ -294,7 +294,7 @@ def test_a_killed_folder_export_leaves_a_complete_export_and_the_next_one_cleans
 
 
 def test_file_and_folder_exports_get_the_modes_of_ordinary_files(tmp_path):
-    from dataengine.export import export
+    from dataengine.derive.export import export
 
     store = _exportable(tmp_path / "store")
     mask = os.umask(0o022)

@@ -68,7 +68,7 @@ def test_unreadable_files(tmp_path):
 
 def test_round_settings_change_later_rounds_only(tmp_path):
     """A pipeline round_settings entry holds from its round on; round 0 and earlier rounds keep the engine's."""
-    from dataengine.experiment import experiment_config
+    from dataengine.evaluation.experiment import experiment_config
     from flows.pipeline import Journal, round_engine
 
     cfg = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", rounds=3,
@@ -99,7 +99,7 @@ def test_round_settings_change_later_rounds_only(tmp_path):
     ({"round_settings__2__policy.model": "smollm2"}, "'policy.model' cannot change"),
 ])
 def test_round_settings_refuse_bad_paths_values_and_rounds(tmp_path, setting, message):
-    from dataengine.experiment import experiment_config
+    from dataengine.evaluation.experiment import experiment_config
 
     with pytest.raises(ConfigError, match=message):
         experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny", overrides=setting)
@@ -108,7 +108,7 @@ def test_round_settings_refuse_bad_paths_values_and_rounds(tmp_path, setting, me
 def test_round_trainers_change_later_rounds_only(tmp_path):
     """A round_trainers entry holds from its round on; an empty one leaves the journal key as it was."""
     from dataengine.commands.experiment import experiment_overrides
-    from dataengine.experiment import experiment_config
+    from dataengine.evaluation.experiment import experiment_config
     from dataengine.types import stable_hash
     from flows.pipeline import Journal, round_trainers
 
@@ -163,7 +163,7 @@ def test_experiment_config_file_equals_the_readme_flags(tmp_path):
     """docs/configs/experiment-arithmetic.yaml is the flags' pipeline: same config, same journal key
     (so either spelling resumes the other's run)."""
     from dataengine.commands.experiment import experiment_overrides
-    from dataengine.experiment import experiment_config
+    from dataengine.evaluation.experiment import experiment_config
     from flows.pipeline import Journal, round_engine, round_trainers
 
     common = dict(out=str(tmp_path), suites=["arithmetic"], rounds=2, train_tasks=40, heldout_tasks=100,
@@ -190,7 +190,7 @@ def test_every_shipped_config_validates(tmp_path, name):
     (`dataengine generate --config`)."""
     from dataengine.commands.experiment import experiment_overrides
     from dataengine.config import load_config, read_mapping
-    from dataengine.experiment import experiment_config
+    from dataengine.evaluation.experiment import experiment_config
 
     path = CONFIGS / name
     if "engine" in read_mapping(path):

@@ -16,7 +16,7 @@ from dataengine.derive import (
     step_pairs,
     trajectory_pairs,
 )
-from dataengine.export import export_frame
+from dataengine.derive.export import export_frame
 from dataengine.types import Message, Task, ToolSpec
 from storage import Store
 

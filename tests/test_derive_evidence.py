@@ -182,10 +182,11 @@ def test_solved_contrast_visits_a_sibling_before_a_solved_tree_stops(env):
     Under solved_policy "stop" the tree stops at its first success, before the wrong answer is
     tried (no step pair); with search.solved_contrast it re-backs the success up (simulations,
     no tokens) until PUCT expands the wrong answer, and the evidence rule pairs gold over wrong."""
+    from test_search_features import RulePolicy, config, turn
+
     from dataengine.search import batch_rows, search_batch
     from dataengine.stages import make_reward
     from dataengine.suites import generate_suite
-    from test_search_features import RulePolicy, config, turn
 
     task = generate_suite("arithmetic", n_train=3, n_heldout=0, seed=0)[1]  # What is 4628 * 289? (one multiply)
     gold = task.gold.calls[0]

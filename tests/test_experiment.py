@@ -78,7 +78,7 @@ def test_experiment_resumes_after_kill(tmp_path):
 
 
 def test_journal_refuses_another_config(tmp_path):
-    from dataengine.experiment import experiment_config
+    from dataengine.evaluation.experiment import experiment_config
     from flows.pipeline import Journal
 
     a = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny")
@@ -99,7 +99,7 @@ def test_journal_refuses_another_config(tmp_path):
 def test_fork_starts_from_the_first_rounds_of_another_experiment(tmp_path):
     """A fork copies the store and reuses the source's journal stages of the rounds it takes,
     keyed to its own config; the source's later rounds and a clashing run id are refused."""
-    from dataengine.experiment import experiment_config
+    from dataengine.evaluation.experiment import experiment_config
     from flows.pipeline import Journal, fork_pipeline, forked_from
     from storage import Store
 

@@ -17,7 +17,7 @@ import datasets
 import polars as pl
 import pytest
 
-from dataengine.export import export, export_frame, reexport
+from dataengine.derive.export import export, export_frame, reexport
 from storage import MissingTableError, Store
 from storage.export import ExportFilters, lineage_path, load_exported, read_lineage
 from storage.formats import PAIRS, REPLAY, SFT, dataset_kind, features
@@ -400,7 +400,7 @@ def test_exports_render_with_several_model_families_templates(store, tmp_path, t
 _CHILD = """
 import sys
 from storage import Store
-from dataengine.export import export
+from dataengine.derive.export import export
 export(Store(sys.argv[1]), "sft", sys.argv[2], format=sys.argv[3], dedup="none")
 """
 
@@ -455,7 +455,7 @@ def test_sigkill_mid_export_leaves_the_old_export_intact(tmp_path, fmt):
 
 def test_storage_imports_nothing_from_the_engine_and_export_renders_no_messages():
     """storage/ imports nothing from dataengine/; storage/export.py writes rows it is given and
-    knows neither message roles nor `<tool_call>` markup (dataengine/export.py renders them)."""
+    knows neither message roles nor `<tool_call>` markup (dataengine/derive/export.py renders them)."""
     import ast
 
     root = Path(__file__).resolve().parents[1] / "storage"

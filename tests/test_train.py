@@ -206,7 +206,7 @@ def test_store_replay_drops_zero_variance_prompts(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "hf"])
 def test_store_exports_load_with_their_lineage(tmp_path, fmt):
-    from dataengine.export import export
+    from dataengine.derive.export import export
 
     store = _store_with_pairs_and_replay(tmp_path / "store")
     out = tmp_path / ("pairs.parquet" if fmt == "parquet" else "pairs")

@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         """Run a self-improvement experiment and write results.md / results.json / success.png
         (and the HTML report) under --out. A killed experiment resumes at the stage it reached."""
         from dataengine.config import ConfigError
-        from dataengine.experiment import experiment_config, write_results
+        from dataengine.evaluation.experiment import experiment_config, write_results
         from flows.pipeline import run_pipeline
 
         overrides = experiment_overrides(config, set_, round_set)

@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
         """Export pairs, sft or replay rows in the dataset format TRL reads, with lineage."""
         import polars as pl
 
-        from dataengine.export import export
+        from dataengine.derive.export import export
         from storage import StoreError
         from storage.export import ExportFilters, lineage_path
 
@@ -282,7 +282,7 @@ def register(app: typer.Typer) -> None:
         store: Annotated[Path, typer.Option("--store", help=STORE_HELP)] = DEFAULT_STORE,
     ) -> None:
         """Rebuild an export exactly from its lineage (same table versions, filters, dedup)."""
-        from dataengine.export import reexport
+        from dataengine.derive.export import reexport
         from storage import StoreError
 
         opened = _open(store)

@@ -36,10 +36,10 @@ def selected_rows(store: Any, kind: str, run_ids: list[str] | None) -> int:
 
 def export_dataset(store: Any, kind: str, out: str, *, fmt: str = "parquet", filters: Any = None,
                    **options: Any) -> Any:
-    """dataengine.export.export of `kind` (pairs, sft, replay) to `out`; None when the selection is
+    """dataengine.derive.export.export of `kind` (pairs, sft, replay) to `out`; None when the selection is
     empty: nothing is written (an empty file would fail a trainer later, less clearly).
-    `options` go to dataengine.export.export (versions, dedup, include_logprobs, ...)."""
-    from dataengine.export import export
+    `options` go to dataengine.derive.export.export (versions, dedup, include_logprobs, ...)."""
+    from dataengine.derive.export import export
     from dataengine.stages.resources import open_store
     from storage.export import ExportFilters
 

@@ -239,7 +239,7 @@ def _read_store(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows of the pairs / sft / replay table at its current Delta version, in trainer format,
     through the store's own export (same filters and exact dedup as `dataengine export`)."""
-    from dataengine.export import export_frame
+    from dataengine.derive.export import export_frame
     from storage.export import ExportFilters
 
     if spec.table not in store.table_versions():
