@@ -30,10 +30,13 @@ def make_reward(config: EngineConfig, env: Any) -> Any:
 
 
 def make_sandbox(config: EngineConfig, toolboxes: Sequence[str]) -> Any:
-    """A Sandbox with config.sandbox's limits, `toolboxes` preloaded in its workers."""
+    """A Sandbox with config.sandbox's limits, `toolboxes` preloaded in its workers, which
+    import config.tools.modules (loaded here first, so a bad entry fails before any worker)."""
+    from dataengine.tools.registry import load_tools
     from dataengine.tools.sandbox import Sandbox
 
-    return Sandbox.from_config(config.sandbox, preload=sorted(set(toolboxes)))
+    load_tools(config.tools.modules)
+    return Sandbox.from_config(config.sandbox, preload=sorted(set(toolboxes)), modules=config.tools.modules)
 
 
 def open_store(path: Any, *, create: bool = True) -> Any:
@@ -122,7 +125,8 @@ def shared_resources(config: EngineConfig, toolboxes: Sequence[str], *, policy: 
     from dataengine.policy import policy_from_config
 
     policy_key = config.policy.model_dump_json()
-    sandbox_key = config.sandbox.model_dump_json() + "|" + ",".join(sorted(set(toolboxes)))
+    sandbox_key = "|".join([config.sandbox.model_dump_json(), ",".join(sorted(set(toolboxes))),
+                            *config.tools.modules])
     with _lock:
         if policy and policy_key not in _policies:
             _policies.clear()
