@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOption, tools_overrides
 from dataengine.commands.common import fail as _fail
 from dataengine.commands.common import open_store as _open_store
 
@@ -95,6 +96,9 @@ def register(app: typer.Typer) -> None:
         few_shot: Annotated[bool | None, typer.Option("--few-shot/--no-few-shot", help="Worked examples in the system prompt.")] = None,
         device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda.")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the evals rows (default eval-<suite>-<seed>).")] = None,
+        tools: ToolsOption = None,
+        mcp: MCPOption = None,
+        mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Evaluate a model on held-out tasks: greedy success, pass@k, search at inference and
         the when/which/how/final axes, with 95% intervals and the configured reward, written to
@@ -115,6 +119,7 @@ def register(app: typer.Typer) -> None:
                 eval__search_simulations=sims, eval__search_actions=search_k, eval__seed=seed,
                 eval__temperature=temperature, eval__max_new_tokens=max_new_tokens,
                 search__max_depth=max_steps, search__value=value,
+                **tools_overrides(tools, mcp, mcp_stateless, config=config),
             )
             per_suite = {s: heldout_tasks(engine, s) for s in engine.suites}
         except (ConfigError, ValueError) as exc:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOption, tools_overrides
+
 
 def register(app: typer.Typer) -> None:
     @app.command("generate")
@@ -41,6 +43,9 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda (config.policy.device).")] = None,
         backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm (config.policy.backend; vllm needs vLLM installed).")] = None,
         progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+        tools: ToolsOption = None,
+        mcp: MCPOption = None,
+        mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Search tool-use episodes (MCTS) or sample them (best_of_n, greedy); write trees,
         trajectories and lineage to the store, shard by shard (resumable)."""
@@ -87,6 +92,7 @@ def register(app: typer.Typer) -> None:
                 generate__rollouts=rollouts,
                 generate__prior=prior,
                 generate__value_model=str(value_model) if value_model else None,
+                **tools_overrides(tools, mcp, mcp_stateless, config=config),
             )
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
