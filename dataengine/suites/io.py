@@ -6,6 +6,8 @@ Parquet: one row per task with columns
     task: string  (the whole Task as JSON; the source of truth on load)
 A bad file raises TaskFileError naming the file, the line (1-based) or row (0-based) and the
 field path inside the task (from pydantic's error locations, e.g. "gold.calls.0.name").
+`check_tasks` collects one error per bad row instead; rows may use the short forms written for
+hand-made task files (tool names, level, gold.end_state; docs/your-own-tools.md).
 """
 
 from __future__ import annotations
