@@ -150,6 +150,30 @@ def test_sandbox_workers_run_the_file_tools_on_a_copied_state(bank):
         assert result.output["balance"] == 300
 
 
+def test_a_tools_file_outside_the_package_is_visible_to_the_workers(tmp_path):
+    """A file in a folder that is on no sys.path (the user's project folder): the workers'
+    private file-system view must show it, read-only."""
+    from dataengine.tools.sandbox import Sandbox
+
+    (tmp_path / "project").mkdir()
+    path = _write(tmp_path / "project" / "counter_x1.py", '''
+        INITIAL_STATE = {"n": 0}
+
+        def bump(state: dict, by: int = 1) -> int:
+            """Add to the counter.
+
+            Args:
+                by: How much to add.
+            """
+            state["n"] += by
+            return state["n"]
+        ''')
+    with Sandbox(workers=1, modules=[str(path)], preload=["counter_x1"]) as sandbox:
+        result, state = sandbox.call("counter_x1", ToolCall(name="bump", arguments={"by": 2}), {"n": 1})
+        assert result.ok, result.error
+        assert result.output == 3 and state == {"n": 3}
+
+
 def test_bank_tasks_load_and_their_gold_reaches_the_end_state(bank):
     from dataengine.env import ToolEnv
     from dataengine.tools.sandbox import Sandbox
