@@ -277,7 +277,10 @@ def test_tools_and_mcp_flags_become_config_overrides(tmp_path):
     assert [(s.name, s.command, s.stateful) for s in cfg.tools.mcp] == [
         ("old", None, True), ("fs", ["server", "--root", "/tmp"], True), ("ro", ["server", "--read-only"], False)]
     assert tools_overrides() == {}
-    assert set(tools_overrides([str(extra)], prefix="engine__")) == {"engine__tools__modules"}
+    from flows.pipeline import PipelineConfig  # pipeline and experiment configs nest the engine
+
+    nested = load_config(None, model=PipelineConfig, **tools_overrides([str(extra)], ["fs=server"], prefix="engine__"))
+    assert nested.engine.tools.modules == [str(extra)] and nested.engine.tools.mcp[0].command == ["server"]
     with pytest.raises(typer.BadParameter, match="does not exist"):
         tools_overrides([str(tmp_path / "missing.py")])
 
