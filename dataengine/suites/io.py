@@ -106,7 +106,9 @@ def check_tasks(path: Path | str, tools: Sequence[str] = ()) -> tuple[list[Task]
         gold.end_state: the expected tool state after the task (a JSON object), kept as
             gold.end_state_hash; with gold.calls, replaying them must reach it.
         initial_state: left out: the toolbox's initial state (`Toolbox.initial_state`).
-    A row is bad when its toolbox, a tool it offers or a gold call's tool is unknown.
+    A row is bad when its toolbox, a tool it offers or a gold call's tool is unknown, or when
+    its request is one of the toolbox's worked examples (a tools file's `EXAMPLES`: the model
+    is shown their answers, so no task may be one of them).
     """
     from dataengine.tools.registry import load_tools
 
@@ -203,6 +205,11 @@ def _row_task(path: Path, data: dict[str, Any], place: dict[str, int], cache: di
         if call.name not in box.tools:
             raise fail(f"gold.calls.{i}.name", f"unknown tool {call.name!r} in toolbox {box.name!r} "
                        f"(its tools: {', '.join(box.tools)})")
+    shown = {e[0]["content"].strip() for e in box.examples}
+    asked = [m.content.strip() for m in task.messages if m.role == "user" and isinstance(m.content, str)]
+    if shown and shown.intersection(asked):
+        raise fail("messages", f"this request is one of toolbox {box.name!r}'s EXAMPLES, whose answers the model "
+                   "is shown before every task; a task must not be one of them")
     if "initial_state" not in data and box.make_initial_state is not None:
         task = task.model_copy(update={"initial_state": box.make_initial_state(task)})
     if task.user_turns:  # functions a later user turn adds must be tools of the toolbox

@@ -56,7 +56,7 @@ _SCHEMA_LOCK = threading.Lock()
 _LOADED: dict[str, list[str]] = {}
 _LOAD_LOCK = threading.RLock()
 # Module attributes a plain-functions module uses to describe its toolbox (never tools).
-MODULE_SETTINGS = ("TOOLBOX", "INITIAL_STATE", "READ_ONLY", "initial_state")
+MODULE_SETTINGS = ("TOOLBOX", "INITIAL_STATE", "READ_ONLY", "EXAMPLES", "initial_state")
 
 
 @dataclass(frozen=True)
@@ -81,11 +81,18 @@ class Tool:
 
 @dataclass
 class Toolbox:
-    """The tools of one suite, by name. `initial_state(task)` gives the state at reset."""
+    """The tools of one suite, by name. `initial_state(task)` gives the state at reset.
+
+    examples: worked example episodes the chat template shows before a conversation that offers
+        these tools (each a list of role/content dicts: user, then assistant `<tool_call>` and
+        tool output turns, then the assistant's answer; `dataengine.suites.fewshot`). Built-in
+        suites keep theirs in fewshot.EXAMPLE_PLAN; a tools file gives them as `EXAMPLES`.
+    """
 
     name: str
     tools: dict[str, Tool] = field(default_factory=dict)
     make_initial_state: Callable[[Any], dict[str, Any] | None] | None = None
+    examples: list[list[dict[str, str]]] = field(default_factory=list)
 
     def specs(self) -> list[ToolSpec]:
         return [t.spec for t in self.tools.values()]
@@ -227,6 +234,10 @@ def module_toolbox(module: Any, default_name: str) -> Toolbox:
     state: `initial_state(task) -> dict` or an `INITIAL_STATE` dict (copied per task) gives the
         state at reset when the task has no `initial_state` of its own; `READ_ONLY` names
         stateful tools that never change the state.
+    examples: `EXAMPLES`, a list of worked examples the model is shown before each task of the
+        toolbox, each {"user": request, "calls": [{"name", "arguments"}], "answer": final reply
+        (default "Done."), "initial_state": optional}; replayed through the tools here to get
+        their outputs (`fewshot.user_episode`).
     """
     label = getattr(module, "__file__", None) or module.__name__
     name = getattr(module, "TOOLBOX", default_name)
@@ -259,7 +270,19 @@ def module_toolbox(module: Any, default_name: str) -> Toolbox:
             raise ToolsError(f"tools {label}: INITIAL_STATE must be a dict, got {type(state).__name__}")
         frozen = json.dumps(state)  # also checks it is JSON
         initial = lambda task: json.loads(frozen)  # noqa: E731 - a fresh copy per task
-    return Toolbox(name=name, tools=tools, make_initial_state=initial)
+    box = Toolbox(name=name, tools=tools, make_initial_state=initial)
+    examples = getattr(module, "EXAMPLES", None)
+    if examples is not None:
+        from dataengine.suites.fewshot import user_episode
+
+        if not isinstance(examples, (list, tuple)):
+            raise ToolsError(f"tools {label}: EXAMPLES must be a list of examples, got {type(examples).__name__}")
+        for i, example in enumerate(examples):
+            try:
+                box.examples.append(user_episode(box, example))
+            except Exception as exc:
+                raise ToolsError(f"tools {label}: EXAMPLES[{i}]: {type(exc).__name__}: {exc}") from None
+    return box
 
 
 def load_tools(entries: Sequence[str]) -> list[str]:
