@@ -3,6 +3,7 @@ Policy. It imports the backends lazily, so importing it loads neither transforme
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dataengine.policy.base import Policy
@@ -11,7 +12,7 @@ from dataengine.policy.base import Policy
 def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "cpu", **options: Any) -> Policy:
     """Build a policy. backend: "hf" (transformers) or "vllm"; model: "smollm2", "tiny" or a folder.
 
-    Both backends take the prompt options fewshot, system and listing; other options go to the
+    Both backends take the prompt options fewshot, system, listing and tools; other options go to the
     backend (e.g. prefix_reuse=False for HFPolicy, gpu_memory_utilization for vLLM). `device`
     is the hf backend's ("auto", "cpu", "cuda"); vLLM places its engine itself.
     """
@@ -26,7 +27,9 @@ def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "c
     raise ValueError(f"unknown policy backend {backend!r}; choose 'hf' or 'vllm'")
 
 
-def policy_from_config(config: Any) -> Policy:
+def policy_from_config(config: Any, tools: Sequence[str] = ()) -> Policy:
     """The policy of a `config.PolicyConfig` section (backend, model, device, few_shot): the one
-    factory the stages, flows and CLI use."""
-    return make_policy(config.backend, config.model, device=config.device, fewshot=config.few_shot)
+    factory the stages, flows and CLI use. tools: the engine's tools entries (tools.modules),
+    whose toolboxes' example episodes the prompt shows (`chat_template.install_prompt_options`)."""
+    options: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    return make_policy(config.backend, config.model, device=config.device, fewshot=config.few_shot, **options)

@@ -68,7 +68,7 @@ class Resources:
         if self._policy is None:
             from dataengine.policy import policy_from_config
 
-            self._policy = policy_from_config(self.config.policy)
+            self._policy = policy_from_config(self.config.policy, self.config.tools.modules)
         return self._policy
 
     @classmethod
@@ -124,13 +124,13 @@ def shared_resources(config: EngineConfig, toolboxes: Sequence[str], *, policy: 
     from dataengine.env import ToolEnv
     from dataengine.policy import policy_from_config
 
-    policy_key = config.policy.model_dump_json()
+    policy_key = "|".join([config.policy.model_dump_json(), *config.tools.modules])  # tools add example episodes
     sandbox_key = "|".join([config.sandbox.model_dump_json(), ",".join(sorted(set(toolboxes))),
                             *config.tools.modules])
     with _lock:
         if policy and policy_key not in _policies:
             _policies.clear()
-            _policies[policy_key] = policy_from_config(config.policy)
+            _policies[policy_key] = policy_from_config(config.policy, config.tools.modules)
         if sandbox_key not in _sandboxes:
             sandbox = make_sandbox(config, toolboxes)
             atexit.register(sandbox.close)
