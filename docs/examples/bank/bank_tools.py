@@ -13,6 +13,17 @@ TOOLBOX = "bank"
 INITIAL_STATE = {"accounts": {"alice": 120, "bob": 45, "carol": 300, "dave": 10}}
 # Stateful tools that only read: the sandbox does not send the state back after them.
 READ_ONLY = ("get_balance",)
+# Worked examples the model is shown before each task, as chat turns: the request, the calls
+# (their outputs come from replaying them through these tools on INITIAL_STATE) and the reply.
+# None of them is a task of tasks.jsonl (`dataengine tasks validate` refuses a task that is).
+EXAMPLES = [
+    {"user": "Deposit 70 dollars into Carol's account.",
+     "calls": [{"name": "deposit", "arguments": {"account": "carol", "amount": 70}}],
+     "answer": "Done. Carol's balance is now 370 dollars."},
+    {"user": "Transfer 25 dollars from Carol to Bob.",
+     "calls": [{"name": "transfer", "arguments": {"source": "carol", "target": "bob", "amount": 25}}],
+     "answer": "Done. Carol has 275 dollars and Bob has 70 dollars."},
+]
 
 
 def _account(state: dict, name: str) -> str:
