@@ -309,6 +309,97 @@ def test_the_tools_file_is_part_of_the_run_id(tmp_path):
     assert default_run_id(cfg, tasks) != before[0] and settings_key(cfg) != before[1]
 
 
+def test_a_tools_file_brings_its_own_worked_examples(bank):
+    from dataengine.suites.gold import replay
+    from dataengine.types import ToolCall
+
+    source = (BANK / "bank_tools.py").read_text()
+    module = {}
+    exec(compile(source, "bank_tools.py", "exec"), module)  # noqa: S102 - the docs' example file
+    assert len(bank.examples) == len(module["EXAMPLES"]) == 2
+    for example, episode in zip(module["EXAMPLES"], bank.examples):
+        assert [m["role"] for m in episode] == ["user", "assistant", "tool", "assistant"]
+        assert episode[0]["content"] == example["user"] and episode[-1]["content"] == example["answer"]
+        outputs, _ = replay(bank, [ToolCall.model_validate(c) for c in example["calls"]], bank.initial_state(None))
+        assert [json.loads(m["content"]) for m in episode if m["role"] == "tool"] == outputs  # real outputs
+    # No task of the page's task file is one of the examples, whatever its split.
+    shown = {e[0]["content"] for e in bank.examples}
+    asked = {m.content for t in load_tasks(BANK / "tasks.jsonl") for m in t.messages}
+    assert not shown & asked
+
+
+def test_a_task_that_is_one_of_the_examples_is_a_bad_row(tmp_path, bank):
+    leaked = _good(1, messages=[{"role": "user", "content": bank.examples[0][0]["content"]}])
+    tasks, errors = check_tasks(_rows(tmp_path, [_good(0), leaked]))
+    assert [t.id for t in tasks] == ["t0"]
+    assert errors[0].line == 2 and errors[0].field == "messages" and "EXAMPLES" in str(errors[0])
+
+
+@pytest.mark.parametrize(("examples", "problem"), [
+    ('[{"user": "Pay Bob.", "calls": [{"name": "pay", "arguments": {}}]}]', "EXAMPLES\\[0\\]: KeyError: .*no tool 'pay'"),
+    ('[{"user": "Hi.", "answer": "Hello."}, {"user": "Add 1.", "calls": [{"name": "add_one", "arguments": {"x": "a"}}]}]',
+     "EXAMPLES\\[1\\]: TypeError"),
+    ('[{"user": "Hi.", "reply": "Hello."}]', "EXAMPLES\\[0\\]: ValueError: unknown key 'reply'"),
+    ('{"user": "Hi."}', "EXAMPLES must be a list"),
+])
+def test_bad_examples_are_one_line_errors(tmp_path, examples, problem):
+    name = f"examples_x{abs(hash(examples)) % 10**8}"
+    path = _write(tmp_path / f"{name}.py", f'''
+        EXAMPLES = {examples}
+
+        def add_one(x: int) -> int:
+            """Add one.
+
+            Args:
+                x: A number.
+            """
+            return x + 1
+        ''')
+    with pytest.raises(ToolsError, match=problem):
+        load_tools([str(path)])
+
+
+def test_the_examples_reach_the_prompt_of_their_tools_only(bank):
+    from dataengine.chat_template import default_examples, install_prompt_options, tool_chat_template
+    from dataengine.models import load_model
+    from dataengine.suites import generate_suite
+
+    entry = str(BANK / "bank_tools.py")
+    _, tokenizer = load_model("tiny")
+    builtin = tokenizer.chat_template
+    assert builtin == tool_chat_template(examples=default_examples())  # no tools entries: the built-in template
+    install_prompt_options(tokenizer, tools=[entry])
+
+    def render(task):
+        return tokenizer.apply_chat_template([m.to_chat() for m in task.messages], tools=[t.to_openai() for t in task.tools],
+                                             tokenize=False, add_generation_prompt=True)
+
+    task = load_tasks(BANK / "tasks.jsonl", tools=[entry])[0]
+    text = render(task)
+    examples = text[text.index("<|im_end|>") : text.rindex("<|im_start|>user")]
+    assert all(e[0]["content"] in examples for e in bank.examples)
+    assert "<tool_call>" in examples and '"name": "add"' not in examples  # not the arithmetic demo
+    # A built-in suite's prompt is byte for byte what it was without the tools file.
+    arithmetic = generate_suite("arithmetic", 1, 0, seed=0)[0]
+    with_tools = render(arithmetic)
+    tokenizer.chat_template = builtin
+    assert render(arithmetic) == with_tools
+
+
+def test_the_policy_of_a_config_with_tools_shows_their_examples(bank):
+    from dataengine.policy import policy_from_config
+    from dataengine.policy.base import Conversation
+
+    entry = str(BANK / "bank_tools.py")
+    cfg = load_config(None, **{"policy__model": "tiny", "tools__modules": [entry]})
+    task = load_tasks(BANK / "tasks.jsonl", tools=[entry])[0]
+    policy = policy_from_config(cfg.policy, cfg.tools.modules)
+    prompt = policy.tokenizer.decode(policy.encode(Conversation.from_task(task)))
+    assert bank.examples[1][0]["content"] in prompt
+    plain = policy_from_config(cfg.policy)
+    assert bank.examples[1][0]["content"] not in plain.tokenizer.decode(plain.encode(Conversation.from_task(task)))
+
+
 def _page_commands() -> str:
     blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.S)
     assert blocks, f"{PAGE} has no bash block"
