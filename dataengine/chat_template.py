@@ -233,17 +233,23 @@ def tool_chat_template(
     return "{#- " + TEMPLATE_MARK + " -#}\n" + source
 
 
-def default_examples() -> list[ExampleSet]:
-    """The built-in suites' example episodes (dataengine.suites.fewshot)."""
-    from dataengine.suites.fewshot import example_sets
+def default_examples(tools: Sequence[str] = ()) -> list[ExampleSet]:
+    """The built-in suites' example episodes (dataengine.suites.fewshot), then those of the
+    toolboxes the tools entries `tools` define (their `EXAMPLES`; registry.load_tools)."""
+    from dataengine.suites.fewshot import example_sets, user_example_sets
 
-    return example_sets()
+    if not tools:
+        return example_sets()
+    from dataengine.tools.registry import load_tools
+
+    return example_sets() + user_example_sets(load_tools(tools))
 
 
 def prompt_fingerprint(few_shot: bool = True) -> str:
     """16 hex chars naming the default template (with or without the example episodes).
 
     Run ids include it, so a changed prompt starts a new run instead of resuming an old one.
+    A tools file's own examples are not in it: the run id holds the tools file's hash.
     """
     from dataengine.types import stable_hash
 
@@ -270,19 +276,21 @@ def install_tool_template(
     listing: Listing = "compact",
     instructions: str = INSTRUCTIONS,
     force: bool = False,
+    tools: Sequence[str] = (),
 ) -> Any:
     """Put the tool-aware template on `tokenizer` unless its own template already supports tools.
 
     Also sets a response template for `tokenizer.parse_response` (TRL's GRPO tool loop uses it):
     our `<tool_call>{json}</tool_call>` form is the Hermes/Qwen form TRL already parses.
-    `examples="default"` shows the built-in suites' example episodes; None shows none.
+    `examples="default"` shows the built-in suites' example episodes, and those of the
+    toolboxes of the tools entries `tools`; None shows none.
     `force=True` replaces even a tool-capable template (used to change the examples).
     Returns the same tokenizer.
     """
     current = getattr(tokenizer, "chat_template", None) or ""
     if force or TEMPLATE_MARK in current or not template_supports_tools(tokenizer):
         if examples == "default":
-            examples = default_examples()
+            examples = default_examples(tools)
         tokenizer.chat_template = tool_chat_template(
             system=system, fewshot=fewshot, examples=examples, listing=listing, instructions=instructions
         )
@@ -291,15 +299,18 @@ def install_tool_template(
 
 
 def install_prompt_options(
-    tokenizer: Any, *, fewshot: str | bool | None = None, system: str | None = None, listing: Listing | None = None
+    tokenizer: Any, *, fewshot: str | bool | None = None, system: str | None = None, listing: Listing | None = None,
+    tools: Sequence[str] = (),
 ) -> Any:
     """The prompt options every policy backend takes, applied to `tokenizer`'s template.
 
     fewshot: None keeps the installed template (the built-in example episodes); True shows the
     example episodes; False none; a string is shown as text in the system turn instead of the
     episodes. system: the default system text. listing: "compact" or "json" tool listing.
+    tools: tools entries (config tools.modules) whose toolboxes' own example episodes are shown
+    too, for conversations offering their tools (unless fewshot is False or a string).
     """
-    if fewshot is None and system is None and listing is None:
+    if fewshot is None and system is None and listing is None and not tools:
         return tokenizer
     return install_tool_template(
         tokenizer,
@@ -308,6 +319,7 @@ def install_prompt_options(
         listing=listing or "compact",
         system=DEFAULT_SYSTEM if system is None else system,
         force=True,
+        tools=tools,
     )
 
 

@@ -22,6 +22,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "demo",
     "suites",
+    "tasks",
     "verify",
     "store",
     "policy",

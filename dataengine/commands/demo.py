@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOption, tools_overrides
+
 # notool gives SmolLM2 some successes (so search finds pairs to train on); arithmetic shows the
 # tool-use failures the engine exists to fix.
 DEMO_SUITES = ["notool", "arithmetic"]
@@ -44,11 +46,13 @@ QUICK_SIZES: dict[str, Any] = {
 }
 
 
-def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: int, sizes: dict[str, Any]) -> Any:
-    """The demo's PipelineConfig: store, datasets and checkpoints under `out`."""
+def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: int, sizes: dict[str, Any],
+                tools: dict[str, Any] | None = None) -> Any:
+    """The demo's PipelineConfig: store, datasets and checkpoints under `out`; `tools`: the
+    engine's tools section (modules, mcp), if any."""
     from flows.pipeline import PipelineConfig
 
-    return PipelineConfig.model_validate({
+    config = PipelineConfig.model_validate({
         "run_id": "demo",
         "rounds": rounds,
         "trainers": ["dpo"],
@@ -75,10 +79,14 @@ def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: 
                               "gradient_checkpointing": True, "precompute_ref_log_probs": True}},
         },
     })
+    if tools:
+        config.engine.tools = type(config.engine.tools).model_validate(tools)
+    return config
 
 
-def gold_table(out: Path, tasks: int, seed: int) -> Any:
-    """Write each suite's task files and run `tasks` gold episodes per suite; returns the table."""
+def gold_table(out: Path, tasks: int, seed: int, modules: list[str] | None = None) -> Any:
+    """Write each suite's task files and run `tasks` gold episodes per suite; returns the table.
+    modules: tools entries the sandbox workers import (so the pipeline's own toolboxes load)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -95,7 +103,7 @@ def gold_table(out: Path, tasks: int, seed: int) -> Any:
         console.print(f"wrote 1000 train + 200 held-out {name} tasks to {path}")
     table = Table("suite", "episodes", "tool calls", "tool errors", "gold success",
                   "corrupted: success", "seconds", title="Scripted gold episodes (sandboxed ToolEnv)")
-    with Sandbox(workers=2, preload=suites) as sandbox:
+    with Sandbox(workers=2, preload=suites, modules=modules or ()) as sandbox:
         env = ToolEnv(sandbox, max_steps=8)
         for name in suites:
             s = run_gold(env, name, tasks, seed=seed)
@@ -129,6 +137,9 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option("--model", help="Starting model (default smollm2; tiny with --quick).")] = None,
         quick: Annotated[bool, typer.Option("--quick", help="Tiny random model and tiny sizes: checks the plumbing in a minute or two.")] = False,
         gold_only: Annotated[bool, typer.Option("--gold-only", help="Only the task files and the gold-episode table.")] = False,
+        tools: ToolsOption = None,
+        mcp: MCPOption = None,
+        mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Gold episodes through the sandboxed ToolEnv, then the whole pipeline (search ->
         datasets -> DPO -> evaluation) as Prefect flows on the embedded defaults, and a report."""
@@ -136,7 +147,16 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         console = Console()
-        gold_table(out, tasks, seed)
+        overrides = tools_overrides(tools, mcp, mcp_stateless)
+        section = {key.removeprefix("tools__"): value for key, value in overrides.items()}
+        if section.get("modules"):
+            from dataengine.tools.registry import ToolsError, load_tools
+
+            try:
+                load_tools(section["modules"])
+            except ToolsError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--tools") from None
+        gold_table(out, tasks, seed, section.get("modules"))
         if gold_only:
             return
         import time
@@ -148,7 +168,8 @@ def register(app: typer.Typer) -> None:
         start = time.perf_counter()
         sizes = QUICK_SIZES if quick else DEMO_SIZES
         config = demo_config(out.resolve(), model=model or ("tiny" if quick else "smollm2"),
-                             suites=list(suite) if suite else DEMO_SUITES, seed=seed, rounds=rounds, sizes=sizes)
+                             suites=list(suite) if suite else DEMO_SUITES, seed=seed, rounds=rounds, sizes=sizes,
+                             tools=section)
         console.rule("pipeline: evaluate -> generate (MCTS) -> derive -> export -> DPO -> evaluate")
         result = run_pipeline(config)
         report = build_report(Store(result["store"]), config.run_id, out.resolve() / "report")

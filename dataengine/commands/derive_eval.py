@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOption, tools_overrides
 from dataengine.commands.common import fail as _fail
 from dataengine.commands.common import open_store as _open_store
 
@@ -105,6 +106,9 @@ def register(app: typer.Typer) -> None:
         backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm | openai (config.policy.backend; openai: a served model at --base-url).")] = None,
         base_url: Annotated[list[str] | None, typer.Option("--base-url", help="openai backend: server base URL (repeat for several; config.policy.base_url).")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the evals rows (default eval-<suite>-<seed>).")] = None,
+        tools: ToolsOption = None,
+        mcp: MCPOption = None,
+        mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Evaluate a model on held-out tasks: greedy success, pass@k, search at inference and
         the when/which/how/final axes, with 95% intervals and the configured reward, written to
@@ -126,6 +130,7 @@ def register(app: typer.Typer) -> None:
                 eval__search_simulations=sims, eval__search_actions=search_k, eval__seed=seed,
                 eval__temperature=temperature, eval__max_new_tokens=max_new_tokens,
                 search__max_depth=max_steps, search__value=value,
+                **tools_overrides(tools, mcp, mcp_stateless, config=config),
             )
             results = evaluate(engine, run_id)
         except (ConfigError, StoreError, FileNotFoundError, ValueError, EndpointError) as exc:

@@ -10,7 +10,14 @@ from typing import Annotated
 
 import typer
 
-from dataengine.commands.common import SET_HELP, dotted_overrides
+from dataengine.commands.common import (
+    SET_HELP,
+    MCPOption,
+    MCPStatelessOption,
+    ToolsOption,
+    dotted_overrides,
+    tools_overrides,
+)
 
 
 def _levels(text: str | None) -> list[list[int]] | None:
@@ -71,6 +78,9 @@ def register(app: typer.Typer) -> None:
         round_set: Annotated[list[str] | None, typer.Option("--round-set", help="An engine setting that changes from a round on, as ROUND:dotted=value, e.g. 2:search.objective=efficient_success (repeat; holds for that round and the later ones).")] = None,
         fork_from: Annotated[Path | None, typer.Option("--fork-from", help="Another experiment's --out: start from its first --fork-rounds finished rounds (store copied, journal stages reused) and run only the later rounds here, under these settings; needs a new run id (--set run_id=NAME).")] = None,
         fork_rounds: Annotated[int, typer.Option("--fork-rounds", min=0, help="Rounds taken from --fork-from.")] = 1,
+        tools: ToolsOption = None,
+        mcp: MCPOption = None,
+        mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Run a self-improvement experiment and write results.md / results.json / success.png
         (and the HTML report) under --out. A killed experiment resumes at the stage it reached."""
@@ -79,6 +89,7 @@ def register(app: typer.Typer) -> None:
         from flows.pipeline import run_pipeline
 
         overrides = experiment_overrides(config, set_, round_set)
+        overrides.update(tools_overrides(tools, mcp, mcp_stateless, config=config, prefix="engine__"))
         try:
             cfg = experiment_config(out=str(out), suites=list(suite), rounds=rounds, train_tasks=train_tasks,
                                     heldout_tasks=heldout_tasks, model=model, curriculum=_levels(curriculum),

@@ -9,7 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
-from dataengine.commands.common import SET_HELP, dotted_overrides
+from dataengine.commands.common import (
+    SET_HELP,
+    MCPOption,
+    MCPStatelessOption,
+    ToolsOption,
+    dotted_overrides,
+    tools_overrides,
+)
 
 schedule_app = typer.Typer(help="Cron schedules of the generate flow (Prefect deployments; need a Prefect server).",
                            no_args_is_help=True)
@@ -84,6 +91,9 @@ def register(app: typer.Typer) -> None:
         ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster address (default: local Ray).")] = None,
         report_dir: Annotated[Path | None, typer.Option("--report", help="Also write the run report to this folder.")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+        tools: ToolsOption = None,
+        mcp: MCPOption = None,
+        mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Run rounds of generate -> derive -> export -> train -> evaluate as Prefect flows
         (embedded ephemeral API unless PREFECT_API_URL is set); prints the success table."""
@@ -98,6 +108,7 @@ def register(app: typer.Typer) -> None:
         if ray or ray_address:
             overrides.update(runtime__task_runner="ray", runtime__ray_address=ray_address)
         overrides.update(dotted_overrides(set_))
+        overrides.update(tools_overrides(tools, mcp, mcp_stateless, config=config, prefix="engine__"))
         from dataengine.config import PipelineConfig
         from flows.pipeline import run_pipeline
 

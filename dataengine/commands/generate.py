@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dataengine.commands.common import fail, open_store
+from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOption, fail, open_store, tools_overrides
 
 
 def register(app: typer.Typer) -> None:
@@ -44,6 +44,9 @@ def register(app: typer.Typer) -> None:
         backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm | openai (config.policy.backend; vllm needs vLLM installed; openai is a served model, --base-url).")] = None,
         base_url: Annotated[list[str] | None, typer.Option("--base-url", help="openai backend: server base URL, e.g. http://127.0.0.1:8000/v1 (repeat for several; config.policy.base_url).")] = None,
         progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+        tools: ToolsOption = None,
+        mcp: MCPOption = None,
+        mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Search tool-use episodes (MCTS) or sample them (best_of_n, greedy); write trees,
         trajectories and lineage to the store, shard by shard (resumable)."""
@@ -91,6 +94,7 @@ def register(app: typer.Typer) -> None:
                 generate__rollouts=rollouts,
                 generate__prior=prior,
                 generate__value_model=str(value_model) if value_model else None,
+                **tools_overrides(tools, mcp, mcp_stateless, config=config),
             )
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)

@@ -3,6 +3,7 @@ Policy. It imports the backends lazily, so importing it loads neither transforme
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dataengine.policy.base import Policy
@@ -13,7 +14,7 @@ def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "c
     base_url, tokenizer, endpoint, api_key_env, timeout_s, max_retries, concurrency, see
     `OpenAIPolicy.load`); model: "smollm2", "tiny" or a folder (openai: the served name).
 
-    Both backends take the prompt options fewshot, system and listing; other options go to the
+    Both backends take the prompt options fewshot, system, listing and tools; other options go to the
     backend (e.g. prefix_reuse=False for HFPolicy, gpu_memory_utilization for vLLM). `device`
     is the hf backend's ("auto", "cpu", "cuda"); vLLM places its engine itself.
     """
@@ -32,11 +33,13 @@ def make_policy(backend: str = "hf", model: str = "smollm2", *, device: str = "c
     raise ValueError(f"unknown policy backend {backend!r}; choose 'hf', 'vllm' or 'openai'")
 
 
-def policy_from_config(config: Any) -> Policy:
+def policy_from_config(config: Any, tools: Sequence[str] = ()) -> Policy:
     """The policy of a `config.PolicyConfig` section (backend, model, device, few_shot): the one
     factory the stages, flows and CLI use; the openai backend also takes the section's endpoint
-    settings."""
+    settings. tools: the engine's tools entries (tools.modules), whose toolboxes' example
+    episodes the prompt shows (`chat_template.install_prompt_options`)."""
+    options: dict[str, Any] = {"tools": list(tools)} if tools else {}
     if config.backend == "openai":
         served = {name: getattr(config, name) for name in ("base_url", "tokenizer", "endpoint", "api_key_env", "timeout_s", "max_retries", "concurrency")}
-        return make_policy("openai", config.model, fewshot=config.few_shot, **served)
-    return make_policy(config.backend, config.model, device=config.device, fewshot=config.few_shot)
+        return make_policy("openai", config.model, fewshot=config.few_shot, **served, **options)
+    return make_policy(config.backend, config.model, device=config.device, fewshot=config.few_shot, **options)

@@ -120,11 +120,12 @@ class HFPolicy(Policy):
         fewshot: str | bool | None = None,
         system: str | None = None,
         listing: str | None = None,
+        tools: Sequence[str] = (),
         **options: Any,
     ) -> HFPolicy:
         """Load `model` ("smollm2", "tiny" or a folder) on `device` ("auto" picks cuda when present).
 
-        fewshot, system, listing: the prompt options (`chat_template.install_prompt_options`).
+        fewshot, system, listing, tools: the prompt options (`chat_template.install_prompt_options`).
         """
         from dataengine.chat_template import install_prompt_options
         from dataengine.models import load_model
@@ -132,7 +133,7 @@ class HFPolicy(Policy):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         lm, tokenizer = load_model(model, device=device, dtype=dtype)
-        install_prompt_options(tokenizer, fewshot=fewshot, system=system, listing=listing)
+        install_prompt_options(tokenizer, fewshot=fewshot, system=system, listing=listing, tools=tools)
         return cls(lm, tokenizer, **options)
 
     # ---- rendering -------------------------------------------------------------------------

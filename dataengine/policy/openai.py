@@ -140,6 +140,7 @@ class OpenAIPolicy(Policy):
         fewshot: str | bool | None = None,
         system: str | None = None,
         listing: str | None = None,
+        tools: Sequence[str] = (),
     ) -> OpenAIPolicy:
         """Clients for `base_url` (one or several, e.g. "http://127.0.0.1:8000/v1") serving
         `model`, and the local tokenizer folder `tokenizer` (default: `model_folder(model)`,
@@ -167,7 +168,7 @@ class OpenAIPolicy(Policy):
                 "model's tokenizer (the chat template renders prompts locally)"
             ) from None
         tok = install_tool_template(AutoTokenizer.from_pretrained(folder))
-        install_prompt_options(tok, fewshot=fewshot, system=system, listing=listing)
+        install_prompt_options(tok, fewshot=fewshot, system=system, listing=listing, tools=tools)
         key = os.environ.get(api_key_env) or "EMPTY"
         timeout = openai.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
         clients = [openai.OpenAI(base_url=url, api_key=key, timeout=timeout, max_retries=max_retries) for url in urls]

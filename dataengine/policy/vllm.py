@@ -117,11 +117,12 @@ class VLLMPolicy(Policy):
         fewshot: str | bool | None = None,
         system: str | None = None,
         listing: str | None = None,
+        tools: Sequence[str] = (),
         **engine_options: Any,
     ) -> VLLMPolicy:
         """Start a vLLM engine on `model` ("smollm2", "tiny" or a Hugging Face folder) with
         automatic prefix caching on. The converted SmolLM2 folder is what vLLM loads.
-        fewshot, system, listing: the prompt options, as for the hf backend."""
+        fewshot, system, listing, tools: the prompt options, as for the hf backend."""
         vllm = _import_vllm()
         from dataengine.chat_template import install_prompt_options, install_tool_template
         from dataengine.models import checkpoint_hash, model_folder
@@ -130,7 +131,7 @@ class VLLMPolicy(Policy):
         from transformers import AutoTokenizer
 
         tokenizer = install_tool_template(AutoTokenizer.from_pretrained(folder))
-        install_prompt_options(tokenizer, fewshot=fewshot, system=system, listing=listing)
+        install_prompt_options(tokenizer, fewshot=fewshot, system=system, listing=listing, tools=tools)
         engine = vllm.LLM(
             model=str(folder),
             enable_prefix_caching=True,

@@ -202,7 +202,7 @@ def config_tasks(config: EngineConfig) -> list[Task]:
 
         register_servers(config.tools.mcp, config.sandbox)
     if config.task_file is not None:
-        tasks = [t for t in load_tasks(config.task_file) if t.split == config.split]
+        tasks = [t for t in load_tasks(config.task_file, tools=config.tools.modules) if t.split == config.split]
         if not tasks:
             raise ValueError(f"task file {config.task_file} holds no {config.split} tasks")
         return tasks[: config.num_tasks]
@@ -230,7 +230,8 @@ def shards(tasks: Sequence[Task], shard_size: int) -> list[Shard]:
 def _output_settings(config: EngineConfig) -> dict[str, Any]:
     """Every setting that changes the output (`EngineConfig.output_settings`: method, n,
     rollouts, prior, search, policy, ...), the value head's bytes, the prompt template and, for a
-    checkpoint folder, its weights' hash (a folder retrained in place must not resume old runs)."""
+    checkpoint folder, its weights' hash (a folder retrained in place must not resume old runs)
+    and, with config.tools.modules, the hash of each tools entry's source."""
     from dataengine.chat_template import prompt_fingerprint
     from dataengine.models import checkpoint_hash, is_builtin
 
@@ -242,6 +243,10 @@ def _output_settings(config: EngineConfig) -> dict[str, Any]:
     }
     if not is_builtin(config.policy.model) and Path(config.policy.model).is_dir():
         settings["weights"] = checkpoint_hash(config.policy.model)
+    if config.tools.modules:  # an edited tools file writes other trees
+        from dataengine.tools.registry import tools_fingerprint
+
+        settings["tools"] = tools_fingerprint(config.tools.modules)
     return settings
 
 

@@ -37,15 +37,18 @@ def verifier_versions(config: EngineConfig) -> dict[str, str]:
 
 
 def make_sandbox(config: EngineConfig, toolboxes: Sequence[str]) -> Any:
-    """A Sandbox with config.sandbox's limits, `toolboxes` preloaded in its workers."""
+    """A Sandbox with config.sandbox's limits, `toolboxes` preloaded in its workers, which
+    import config.tools.modules (loaded here first, so a bad entry fails before any worker)."""
+    from dataengine.tools.registry import load_tools
     from dataengine.tools.sandbox import Sandbox
 
+    load_tools(config.tools.modules)
     served = set()
     if config.tools.mcp:  # MCP servers' toolboxes run in this process, not in the workers
         from dataengine.tools.mcp import register_servers
 
         served = set(register_servers(config.tools.mcp, config.sandbox))
-    return Sandbox.from_config(config.sandbox, preload=sorted(set(toolboxes) - served))
+    return Sandbox.from_config(config.sandbox, preload=sorted(set(toolboxes) - served), modules=config.tools.modules)
 
 
 def open_store(path: Any, *, create: bool = True) -> Any:
@@ -77,7 +80,7 @@ class Resources:
         if self._policy is None:
             from dataengine.policy import policy_from_config
 
-            self._policy = policy_from_config(self.config.policy)
+            self._policy = policy_from_config(self.config.policy, self.config.tools.modules)
         return self._policy
 
     @classmethod
@@ -133,12 +136,13 @@ def shared_resources(config: EngineConfig, toolboxes: Sequence[str], *, policy: 
     from dataengine.env import ToolEnv
     from dataengine.policy import policy_from_config
 
-    policy_key = config.policy.model_dump_json()
-    sandbox_key = config.sandbox.model_dump_json() + "|" + ",".join(sorted(set(toolboxes)))
+    policy_key = "|".join([config.policy.model_dump_json(), *config.tools.modules])  # tools add example episodes
+    sandbox_key = "|".join([config.sandbox.model_dump_json(), ",".join(sorted(set(toolboxes))),
+                            *config.tools.modules])
     with _lock:
         if policy and policy_key not in _policies:
             _policies.clear()
-            _policies[policy_key] = policy_from_config(config.policy)
+            _policies[policy_key] = policy_from_config(config.policy, config.tools.modules)
         if sandbox_key not in _sandboxes:
             sandbox = make_sandbox(config, toolboxes)
             atexit.register(sandbox.close)

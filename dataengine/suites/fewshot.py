@@ -12,6 +12,11 @@ The chat template picks a set by the tools a conversation offers (`example_sets`
 offered tool that belongs to a set's toolbox picks it, and the arithmetic set stands in when none
 matches (for instance BFCL's tools), as a demonstration of the format. Within a set, episodes
 that call a tool the conversation does not offer are skipped.
+
+A user's toolbox (a tools file, `docs/your-own-tools.md`) brings its own episodes: the file's
+`EXAMPLES`, replayed through its tools when it loads (`user_episode`). `user_example_sets` turns
+them into sets placed after the built-in ones, for the policy of a run given those tools files;
+a run without tools files renders exactly the built-in template.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from dataengine.suites.gold import gold_turns, replay
-from dataengine.types import Task, canonical_json
+from dataengine.suites.gold import DEFAULT_REPLY, gold_turns, render_call, replay
+from dataengine.types import Task, ToolCall, canonical_json
 
 Episode = Sequence[Mapping[str, str]]  # role/content dicts: user, then assistant/tool turns
 
@@ -117,3 +123,41 @@ def example_sets() -> list[ExampleSet]:
 
     order = [FALLBACK] + [name for name in EXAMPLE_PLAN if name != FALLBACK]
     return [ExampleSet(list(get_toolbox(name).tools), _examples(name), MAX_SHOWN.get(name)) for name in order]
+
+
+USER_EXAMPLE_KEYS = ("user", "calls", "answer", "initial_state")
+
+
+def user_episode(toolbox: Any, example: Mapping[str, Any]) -> list[dict[str, str]]:
+    """One entry of a tools file's `EXAMPLES` as chat messages, its calls replayed through the
+    toolbox's tools (direct calls, no sandbox) from the example's `initial_state`, else the
+    toolbox's state at reset. ValueError (or the tool's own error) names what is wrong."""
+    if not isinstance(example, Mapping):
+        raise ValueError(f"an example is a dict with keys {', '.join(USER_EXAMPLE_KEYS)}, not {type(example).__name__}")
+    unknown = sorted(set(example) - set(USER_EXAMPLE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; an example has {', '.join(USER_EXAMPLE_KEYS)}")
+    user, answer = example.get("user"), example.get("answer", DEFAULT_REPLY)
+    if not isinstance(user, str) or not user.strip():
+        raise ValueError("'user' must be the request as a non-empty string")
+    if not isinstance(answer, str) or not answer:
+        raise ValueError("'answer' must be the final reply as a non-empty string")
+    calls = [ToolCall.model_validate(c) for c in example.get("calls", [])]
+    state = example.get("initial_state")
+    if state is None:
+        state = toolbox.initial_state(None)
+    outputs, _ = replay(toolbox, calls, state)
+    messages = [{"role": "user", "content": user}]
+    for call, output in zip(calls, outputs):
+        messages.append({"role": "assistant", "content": render_call(call, sort_keys=False)})
+        messages.append({"role": "tool", "content": canonical_json(output)})
+    messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def user_example_sets(toolboxes: Sequence[str]) -> list[ExampleSet]:
+    """An ExampleSet for each of `toolboxes` (names) that has example episodes, in order."""
+    from dataengine.tools.registry import get_toolbox
+
+    boxes = [get_toolbox(name) for name in dict.fromkeys(toolboxes)]
+    return [ExampleSet(list(box.tools), [list(e) for e in box.examples]) for box in boxes if box.examples]

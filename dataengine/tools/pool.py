@@ -78,8 +78,10 @@ class Sandbox:
             result, state = sandbox.call("arithmetic", ToolCall(name="add", arguments={...}))
 
     preload: toolbox names every worker resolves at start, so no call pays for the import.
-    modules: modules every worker imports at start, for toolboxes that register themselves
-        on import but are not listed in registry.TOOLBOX_MODULES (the caller's own suites).
+    modules: modules or .py files every worker imports at start (registry.load_tools), for
+        toolboxes not listed in registry.TOOLBOX_MODULES (the caller's own suites); the tools
+        entries this process loaded with registry.load_tools are added, and .py files are
+        added to read_paths.
     scratch_mb: size of each worker's scratch tmpfs (/tmp and /dev/shm) and largest file.
     read_paths: extra folders or files tools may read (the view always holds the system
         folders, the Python installation and every sys.path folder).
@@ -115,9 +117,13 @@ class Sandbox:
             if not value > 0:
                 raise ValueError(f"{label} must be > 0, got {value!r}")
         self.limits = Limits(float(timeout_s), int(memory_mb), float(cpu_s), int(max_output_bytes), int(scratch_mb))
+        from dataengine.tools.registry import is_tools_file, loaded_tools, tools_entry
+
         self.preload = tuple(preload)
-        self.modules = tuple(modules)
-        self.read_paths = tuple(os.path.abspath(p) for p in read_paths)
+        # Workers import what this process loaded too, so its own toolboxes resolve there as well.
+        self.modules = tuple(dict.fromkeys([*(tools_entry(m) for m in modules), *loaded_tools()]))
+        files = [m for m in self.modules if is_tools_file(m)]
+        self.read_paths = tuple(os.path.abspath(p) for p in [*read_paths, *files])
         self._view = read_only_view(self.read_paths)
         self.namespaces = bool(namespaces) and not _NAMESPACES_BROKEN
         self.cgroup = _memory_cgroup(cgroup)

@@ -322,9 +322,11 @@ def _serve(conn: Connection, setup: Setup, scratch: str, info: dict[str, Any]) -
         isolation.drop_capabilities()
     except OSError:
         pass
-    for module in setup.modules:
+    from dataengine.tools.registry import load_tools
+
+    for module in setup.modules:  # a module name or a .py file (registry.load_tools)
         try:
-            importlib.import_module(module)
+            load_tools([module])
         except Exception as exc:
             _IMPORT_ERRORS.append(f"module {module!r} failed to import: {_describe(exc)}")
     loaded: set[str] = set()
