@@ -66,7 +66,7 @@ def env():
     """A ToolEnv whose sandbox is never used by the MCP toolboxes (their calls run here)."""
     register_servers([
         stdio("calc", "calculator", "--misbehave", stateful=False),
-        stdio("bank", "bank"),
+        stdio("mcp_bank", "bank"),
     ], SandboxConfig(timeout_s=3.0, max_output_bytes=4096))
     with Sandbox(workers=1) as sandbox:
         yield ToolEnv(sandbox, max_steps=6)
@@ -107,8 +107,8 @@ def test_stateless_calls_and_argument_errors(env):
 
 
 def test_two_branches_of_a_stateful_server_see_only_their_own_effects(env):
-    client = get_toolbox("bank").client
-    root = env.reset(task("bank"))
+    client = get_toolbox("mcp_bank").client
+    root = env.reset(task("mcp_bank"))
     assert root.tool_state == {"calls": []}
     s1 = env.step(root, call("deposit", account="a", amount=5)).state
     replayed = client.stats["replayed_calls"]
@@ -124,8 +124,8 @@ def test_two_branches_of_a_stateful_server_see_only_their_own_effects(env):
 
 
 def test_a_branch_extended_in_a_line_never_replays(env):
-    client = get_toolbox("bank").client
-    state = env.reset(task("bank"))
+    client = get_toolbox("mcp_bank").client
+    state = env.reset(task("mcp_bank"))
     state = env.step(state, call("deposit", account="b", amount=1)).state
     before = dict(client.stats)
     for _ in range(4):
