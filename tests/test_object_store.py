@@ -189,9 +189,12 @@ def test_generate_derive_export_query_on_s3(s3, tmp_path):
     store.append("trajectories", tree_trajectories(), run_id=RUN, shard_id="s0", marker="tasks")
     store.append("tasks", [task_row()], run_id=RUN, shard_id="s0")
     for run in ("gen", RUN):
-        derived = runner.invoke(app, ["derive", "all", "--store", root, "--run", run, "--margin", "0.8"])
+        derived = runner.invoke(app, ["derive", "all", "--store", root, "--run", run, "--rule", "margin", "--margin", "0.8"])
         assert derived.exit_code == 0, derived.output
-    rows = {json.loads(line)["kind"]: json.loads(line)["rows"] for line in derived.output.splitlines()}
+    lines = [json.loads(line) for line in derived.output.splitlines()]
+    # Result lines carry "kind"; the pair audit's lines ("audit") follow them.
+    rows = {line["kind"]: line["rows"] for line in lines if "kind" in line}
+    assert [line["audit"] for line in lines if "kind" not in line] == ["step-pairs"] * (len(lines) - len(rows))
     assert rows["step-pairs"] == 1 and rows["trajectory-pairs"] == 2 and rows["sft"] == 1
     out = tmp_path / "pairs.parquet"
     exported = runner.invoke(app, ["export", "pairs", "--store", root, "--out", str(out), "--run-id", RUN])
