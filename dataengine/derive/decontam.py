@@ -154,7 +154,7 @@ class Refusals:
 class EvalIndex:
     """The eval-only items (module docstring) and the lookups that match questions against them.
 
-    items: the items, sorted by (source, item_id, question).
+    items: the items, sorted by (source, item_id, question, functions).
     sources: the sources present (SOURCES order; a source whose package is absent is left out).
     """
 
@@ -182,6 +182,7 @@ class EvalIndex:
 
     @classmethod
     def from_items(cls, items: Iterable[EvalItem], sources: Iterable[str]) -> EvalIndex:
+        """An index of the distinct `items`, in their sorted order, with the `sources` present."""
         present = set(sources)
         ordered = tuple(sorted(set(items), key=lambda it: (it.source, it.item_id, it.question, it.functions)))
         return cls(ordered, tuple(s for s in SOURCES if s in present))
