@@ -241,6 +241,12 @@ class DeriveConfig(Section):
         default_factory=lambda: ["pairs", "sft", "replay"],
         description="which exports balance_by applies to; the others keep the rows as derived (oversampling "
         "one level's pairs also multiplies whatever those pairs prefer)")
+    decontaminate: bool = Field(
+        True, description="derive and export refuse rows whose user question matches an eval-only item (BFCL, "
+        "tau2, the built-in held-out splits: dataengine.derive.decontam) and count them per source")
+    decontam_threshold: float = Field(
+        0.85, ge=0, le=1, description="decontamination: least similarity of a near-duplicate question (n-gram "
+        "cosine and word-sequence ratio, BFCL and tau2 items; 1: exact matches only)")
 
 
 class GenerateConfig(Section):

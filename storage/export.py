@@ -107,7 +107,8 @@ class ExportFilters:
 
 @dataclass
 class ExportResult:
-    """What an export wrote: path, rows, dedup counts, and the lineage to rebuild it."""
+    """What an export wrote: path, rows, dedup counts, rows refused as eval items, and the
+    lineage to rebuild it."""
 
     kind: str
     format: str
@@ -119,6 +120,7 @@ class ExportResult:
     dedup_settings: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     balance: dict[str, Any] = field(default_factory=dict)
+    decontaminated: dict[str, int] = field(default_factory=dict)  # rows refused as eval items, per source
 
     def lineage(self) -> dict[str, Any]:
         return asdict(self)

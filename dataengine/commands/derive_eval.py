@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
         min_samples: Annotated[int, typer.Option("--min-samples", help="Replay: trajectories needed per prompt.")] = 2,
         prefixes: Annotated[bool, typer.Option("--prefixes/--no-prefixes", help="Replay: internal nodes as prompts too.")] = True,
         same_state: Annotated[bool, typer.Option("--same-state/--any-state", help="Recovery and replay prefixes only where the tool state is unchanged.")] = True,
+        decontaminate: Annotated[bool | None, typer.Option("--decontaminate/--no-decontaminate", help="Refuse rows whose user question matches a BFCL, tau2 or built-in held-out item (config derive.decontaminate).")] = None,
     ) -> None:
         """Derive step pairs, trajectory pairs, the SFT set, recovery splices or GRPO replay
         prompts from a run's trees and write them to the store (pairs / sft / replay tables)."""
@@ -66,6 +67,7 @@ def register(app: typer.Typer) -> None:
             kinds = list(KINDS) if kind is DeriveKind.all else [kind.value]
             results = derive_datasets(
                 _open_store(store), kinds, run_ids=run or None, out_run_id=out_run, derive=engine.derive,
+                evaluation=engine.eval, decontaminate=decontaminate,
                 pair_rule=rule, margin=margin, min_visits=min_visits, sft_per_task=sft_per_task, replay_low=low, replay_high=high,
                 critic_weight=critic_weight, pairs_per_task=pairs_per_task, near_threshold=near,
                 replay_min_samples=min_samples, replay_prefixes=prefixes, same_state=same_state,
@@ -75,7 +77,7 @@ def register(app: typer.Typer) -> None:
         for r in results:
             typer.echo(json.dumps({"kind": r.kind, "table": r.table, "run_id": r.run_id, "shard_id": r.shard_id,
                                    "rows": r.rows, "version": r.version, "source_versions": r.source_versions,
-                                   "seconds": round(r.seconds, 3)}, sort_keys=True))
+                                   "seconds": round(r.seconds, 3), "decontaminated": r.decontaminated}, sort_keys=True))
         if any(r.kind == "step-pairs" for r in results):
             from dataengine.derive.audit import stored_audit
 

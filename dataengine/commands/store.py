@@ -126,6 +126,8 @@ def register(app: typer.Typer) -> None:
         include_logprobs: Annotated[bool, typer.Option("--include-logprobs", help="pairs: add ref_chosen_logps/ref_rejected_logps from the behaviour log-probs.")] = False,
         balance_by: Annotated[str | None, typer.Option("--balance-by", help="Oversample rows so every value of this task metadata field (e.g. level) has as many rows as the most frequent; comma-separate keys to balance their combinations; pairs also take 'decision' (what the chosen reply does against the rejected one) and 'depth' (tool results in the prompt).")] = None,
         record_run_id: Annotated[str | None, typer.Option("--record-run-id", help="Also record the export as this run in the runs table.")] = None,
+        decontaminate: Annotated[bool, typer.Option("--decontaminate/--no-decontaminate", help="Refuse rows whose user question matches a BFCL, tau2 or built-in held-out item, and count them.")] = True,
+        decontam_threshold: Annotated[float, typer.Option("--decontam-threshold", min=0, max=1, help="Least similarity of a near-duplicate eval question (1: exact matches only).")] = 0.85,
     ) -> None:
         """Export pairs, sft or replay rows in the dataset format TRL reads, with lineage."""
         import polars as pl
@@ -146,12 +148,17 @@ def register(app: typer.Typer) -> None:
                 versions={kind.value: version} if version is not None else None,
                 dedup=dedup.value, near_threshold=near_threshold, embedder=embedder,
                 include_logprobs=include_logprobs, balance_by=balance_by, record_run_id=record_run_id,
+                decontaminate=decontaminate, decontam_threshold=decontam_threshold,
             )
         except (StoreError, ValueError, KeyError, ImportError, NotADirectoryError) as exc:
             _fail(str(exc))
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
             _read_failure(opened, exc, [kind.value], {kind.value: version} if version is not None else None)
         d = result.dedup
+        if decontaminate:
+            refused = result.decontaminated
+            typer.echo(f"decontamination refused {sum(refused.values())} rows matching eval items "
+                       f"({', '.join(f'{s} {n}' for s, n in refused.items())})")
         typer.echo(
             f"wrote {result.rows} {kind.value} rows to {out} ({format.value}); dedup removed "
             f"{d['exact_removed']} exact and {d['near_removed']} near duplicates of {d['rows_in']}; "

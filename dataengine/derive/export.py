@@ -17,8 +17,12 @@ chosen side's first reply does against the rejected side's (`call>answer`, `answ
 DPO from learning only the direction most pairs lean to (answer after a tool result, or call
 again); and `depth`, the tool results in the shared prompt (how far into the episode the choice is).
 
-The lineage record (source table versions, filters, dedup and balance settings and counts)
-rebuilds the same rows through Delta time travel: `reexport(store, out, new_out)`.
+Decontamination (on by default): before anything else, rows whose user question matches an
+eval-only item (BFCL, tau2, the built-in held-out splits; dataengine.derive.decontam) are
+refused, and the lineage counts them per source (`decontaminated`).
+
+The lineage record (source table versions, filters, decontamination, dedup and balance settings
+and counts) rebuilds the same rows through Delta time travel: `reexport(store, out, new_out)`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any, Literal
 
 import polars as pl
 
+from dataengine.derive.decontam import THRESHOLD, EvalIndex, index_for
+from dataengine.derive.decontam import decontaminate as _decontaminate
 from storage.dedup import DedupReport, dedup_frame
 from storage.export import (
     FORMATS,
@@ -195,21 +201,55 @@ def export_frame(
     embedder: str = "ngram",
     include_logprobs: bool = False,
     balance_by: str | None = None,
+    decontaminate: bool = True,
+    decontam_threshold: float | None = THRESHOLD,
+    eval_index: EvalIndex | None = None,
 ) -> tuple[pl.DataFrame, DedupReport, dict[str, int], dict[str, int]]:
     """The TRL rows of an export (JSON leaves as text; storage.formats), its dedup report, the
     source table versions read ({table: version}, plus the commit marker table's version when
     shards of the table declare one, and the tasks table's with balance_by), and with
     balance_by the rows per value before oversampling (module docstring; else {}).
+    `export_rows` also returns the rows refused as eval items.
 
     dedup: "exact" drops rows equal after normalisation (whitespace-collapsed content, same
     calls); "near" also drops rows whose embedding is at cosine >= near_threshold to a kept
     row with the same prompt (pairs) or task (sft). Near dedup is off by default: tool
     arguments that differ by one digit embed almost identically but are different actions.
+
+    decontaminate: refuse rows whose user question matches an item of `eval_index` (None:
+    decontam.index_for()), exactly or as a near duplicate at `decontam_threshold` (None: exact only).
     """
+    rows, report, used, groups, _ = export_rows(
+        store, kind, filters=filters, versions=versions, dedup=dedup, near_threshold=near_threshold,
+        embedder=embedder, include_logprobs=include_logprobs, balance_by=balance_by, decontaminate=decontaminate,
+        decontam_threshold=decontam_threshold, eval_index=eval_index)
+    return rows, report, used, groups
+
+
+def export_rows(
+    store: Store,
+    kind: str,
+    *,
+    filters: ExportFilters | None = None,
+    versions: dict[str, int] | None = None,
+    dedup: Literal["none", "exact", "near"] = "exact",
+    near_threshold: float = 0.95,
+    embedder: str = "ngram",
+    include_logprobs: bool = False,
+    balance_by: str | None = None,
+    decontaminate: bool = True,
+    decontam_threshold: float | None = THRESHOLD,
+    eval_index: EvalIndex | None = None,
+) -> tuple[pl.DataFrame, DedupReport, dict[str, int], dict[str, int], dict[str, int]]:
+    """`export_frame`'s four results and the rows refused per eval source ({} when off)."""
     spec = _kind(kind)
     if dedup not in ("none", "exact", "near"):
         raise ValueError(f"dedup must be none, exact or near, not {dedup!r}")
     source, used = committed_source(store, spec.name, filters, versions)
+    refused: dict[str, int] = {}
+    if decontaminate:
+        source, refused = _decontaminate(source, spec.store_message_columns, eval_index or index_for(),
+                                         threshold=decontam_threshold)
     versions = versions or {}
     rows = build_rows(spec.name, source, include_logprobs=include_logprobs)
     keys = balance_keys(balance_by, spec.name) if balance_by is not None else []
@@ -232,7 +272,7 @@ def export_frame(
     groups: dict[str, int] = {}
     if keys:
         rows, groups = oversample(rows, "_balance")
-    return rows.drop(helper), report, used, groups
+    return rows.drop(helper), report, used, groups, refused
 
 
 def export(
@@ -249,6 +289,9 @@ def export(
     include_logprobs: bool = False,
     balance_by: str | None = None,
     record_run_id: str | None = None,
+    decontaminate: bool = True,
+    decontam_threshold: float | None = THRESHOLD,
+    eval_index: EvalIndex | None = None,
 ) -> ExportResult:
     """Export `kind` (pairs | sft | replay) to `out` in `format`; see `export_frame`.
 
@@ -258,9 +301,12 @@ def export(
         raise ValueError(f"unknown format {format!r}; choose from {', '.join(FORMATS)}")
     spec = _kind(kind)
     filters = filters or ExportFilters()
-    rows, report, source_versions, groups = export_frame(
+    if decontaminate and eval_index is None:
+        eval_index = index_for()
+    rows, report, source_versions, groups, refused = export_rows(
         store, spec.name, filters=filters, versions=versions, dedup=dedup,
         near_threshold=near_threshold, embedder=embedder, include_logprobs=include_logprobs, balance_by=balance_by,
+        decontaminate=decontaminate, decontam_threshold=decontam_threshold, eval_index=eval_index,
     )
     result = ExportResult(
         kind=spec.name,
@@ -271,8 +317,11 @@ def export(
         source_versions=source_versions,
         filters=asdict(filters),
         dedup_settings={"dedup": dedup, "near_threshold": near_threshold, "embedder": embedder,
-                        "include_logprobs": include_logprobs},
+                        "include_logprobs": include_logprobs, "decontaminate": decontaminate,
+                        "decontam_threshold": decontam_threshold,
+                        "eval_index": eval_index.digest if decontaminate else None},
         balance={"by": balance_by, "rows_before": groups} if balance_by is not None else {},
+        decontaminated=refused,
     )
     write_rows(rows, out, format, result.lineage())
     if record_run_id is not None:
@@ -304,4 +353,7 @@ def reexport(store: Store, lineage_source: str | Path, out: str | Path, *, forma
         embedder=settings["embedder"],
         include_logprobs=settings.get("include_logprobs", False),
         balance_by=(lineage.get("balance") or {}).get("by"),
+        # Records from before decontamination existed did not refuse rows; neither does their rebuild.
+        decontaminate=settings.get("decontaminate", False),
+        decontam_threshold=settings.get("decontam_threshold", THRESHOLD),
     )

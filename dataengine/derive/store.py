@@ -7,6 +7,8 @@ it as one shard `derive/<kind>` of the output run (default: the source run itsel
 `sft` or `replay`, every row carrying `source_versions_json` = the versions read; a `runs` row
 (kind "derive/<kind>") records the settings. Deriving again replaces the shard (one copy).
 Storage's exports then turn the tables into TRL datasets (`dataengine store export ...`).
+With `options.decontaminate` (the default) rows whose user question matches an eval-only item
+are refused before the write and counted per source (dataengine.derive.decontam).
 A damaged or unreadable source file raises a one-line `StoreError` naming the table and file.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 import polars as pl
 
 from dataengine.derive.common import with_parsed_calls
+from dataengine.derive.decontam import THRESHOLD, EvalIndex, decontaminate
 from dataengine.derive.pairs import (
     BOUND_C,
     BOUND_MIN_GAP,
@@ -71,6 +74,8 @@ class DeriveOptions:
     same_state: recovery splices only where the tool state is unchanged (replay prefixes need no
         such filter: GRPO replays a prefix's tool calls).
     replay_low, replay_high, replay_min_samples, replay_prefixes: GRPO replay.
+    decontaminate, decontam_threshold: refuse rows matching an eval-only item, exactly or as a
+        near duplicate at this similarity (dataengine.derive.decontam).
     """
 
     pair_rule: str = "evidence"
@@ -89,15 +94,18 @@ class DeriveOptions:
     replay_high: float = 1.0
     replay_min_samples: int = MIN_SAMPLES
     replay_prefixes: bool = True
+    decontaminate: bool = True
+    decontam_threshold: float = THRESHOLD
 
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> DeriveOptions:
         """From a config.DeriveConfig (pair_rule, margin, min_visits, bound_c, bound_min_gap,
-        sft_per_task, sft_fewest_steps, replay_low/high)."""
+        sft_per_task, sft_fewest_steps, replay_low/high, decontaminate, decontam_threshold)."""
         base = {"pair_rule": config.pair_rule, "margin": config.margin, "min_visits": config.min_visits,
                 "bound_c": config.bound_c, "bound_min_gap": config.bound_min_gap, "sft_per_task": config.sft_per_task,
                 "sft_fewest_steps": config.sft_fewest_steps,
-                "replay_low": config.replay_low, "replay_high": config.replay_high}
+                "replay_low": config.replay_low, "replay_high": config.replay_high,
+                "decontaminate": config.decontaminate, "decontam_threshold": config.decontam_threshold}
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -105,7 +113,8 @@ class DeriveOptions:
 @dataclass
 class DeriveResult:
     """One derived dataset as written: kind, table, output run and shard, rows, the table
-    version after the write, the source versions read and the seconds it took."""
+    version after the write, the source versions read, the seconds it took and the rows
+    refused as eval items per source ({} when decontamination is off)."""
 
     kind: str
     table: str
@@ -115,6 +124,7 @@ class DeriveResult:
     version: int
     source_versions: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    decontaminated: dict[str, int] = field(default_factory=dict)
 
 
 def derive_frame(kind: str, sources: dict[str, pl.LazyFrame | None], options: DeriveOptions,
@@ -160,11 +170,13 @@ def derive(
     run_ids: list[str] | None = None,
     out_run_id: str | None = None,
     options: DeriveOptions | None = None,
+    eval_index: EvalIndex | None = None,
 ) -> list[DeriveResult]:
     """Derive `kinds` from the trees and trajectories of `run_ids` and write them (module doc).
 
     run_ids: source runs (None or empty: every run in the store, then `out_run_id` is needed).
     out_run_id: run id of the written rows; default the single source run.
+    eval_index: the eval-only items refused under options.decontaminate (None: decontam.index_for()).
     """
     options = options or DeriveOptions()
     bad = [k for k in kinds if k not in KINDS]
@@ -198,6 +210,10 @@ def derive(
                              f"runs there: {', '.join(sorted(present)) or 'none'}{hint}")
     if "tasks" in versions:
         _check_one_tree_per_task(store, scan("tasks"), run_ids, versions)
+    if options.decontaminate and eval_index is None:
+        from dataengine.derive.decontam import index_for
+
+        eval_index = index_for()
     results = []
     for kind in kinds:
         lacking = [t for t in REQUIRED_SOURCES[kind] if t not in versions]
@@ -211,13 +227,19 @@ def derive(
             frame = derive_frame(kind, sources, options, run_ids)
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
             raise store.read_error(exc, list(used), used) from exc
+        refused: dict[str, int] = {}
+        if options.decontaminate:
+            frame, refused = decontaminate(frame, FORMAT_OF[kind].store_message_columns, eval_index,
+                                           threshold=options.decontam_threshold)
         frame = frame.drop("run_id").with_columns(source_versions_json=pl.lit(json.dumps(used, sort_keys=True)))
         table, shard = TABLE_OF[kind], f"derive/{kind}"
         version = store.append(table, frame, run_id=out_run_id, shard_id=shard)
-        store.record_run(out_run_id, kind=f"derive/{kind}", config={"options": asdict(options), "run_ids": run_ids},
-                         source_versions=used, shard_id=shard)
+        config = {"options": asdict(options), "run_ids": run_ids}
+        if options.decontaminate:
+            config["decontaminated"] = {"refused": refused, "eval_index": eval_index.digest}
+        store.record_run(out_run_id, kind=f"derive/{kind}", config=config, source_versions=used, shard_id=shard)
         results.append(DeriveResult(kind, table, out_run_id, shard, frame.height, version, used,
-                                    time.perf_counter() - start))
+                                    time.perf_counter() - start, refused))
     return results
 
 
