@@ -231,10 +231,11 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
         gen = journal.run(f"r{r}/generate", timed(lambda: generate_flow.with_options(task_runner=make_task_runner(rt))(
             config=searched, run_id=run, runtime=rt)))
         derived = journal.run(f"r{r}/derive", timed(lambda: derive_flow(
-            store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=this.derive)))
+            store=store, run_ids=[run], out_run_id=run, kinds=list(config.derive), derive=this.derive, evaluation=this.eval)))
         exported = journal.run(f"r{r}/export", timed(lambda: export_flow(
             store=store, out_dir=str(out / "datasets" / f"r{r}"), run_ids=[run], balance_by=this.derive.balance_by,
-            balance_kinds=list(this.derive.balance_kinds))))["result"]
+            balance_kinds=list(this.derive.balance_kinds), decontaminate=this.derive.decontaminate,
+            evaluation=this.eval)))["result"]
         checkpoints = []
         # The search policy is reloaded from the new checkpoint anyway; training needs its memory.
         release_policies()
