@@ -83,6 +83,9 @@ def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: 
                        "max_depth": sizes["max_depth"], "value": "zero", "greedy_candidate": True,
                        "widen_arguments": "schema", "solved_policy": "continue",
                        "max_generated_tokens": sizes["budget"], "trees_per_batch": sizes["num_tasks"]},
+            # Small models give small value gaps; under pair_rule margin a lower margin still pairs a
+            # success with a failure (docs/scripts/pair_audit.py compares the rules).
+            "derive": {"margin": 0.1},
             "generate": {"method": "mcts"},
             "eval": {"num_tasks": sizes["eval_tasks"], "seed": seed, "max_new_tokens": sizes["max_new_tokens"],
                      "k": 0, "search": False},
