@@ -25,8 +25,10 @@ from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOptio
 # successes best-of-N misses (docs/results.md: 1.69x solved per M tokens) and one SFT round on
 # them moves held-out greedy success (0.21 -> 0.91 after round 1 of the units experiment).
 DEMO_SUITES = ["units"]
-# SmolLM2 on 2 CPU cores: the two searches, one short SFT and two 32-task evaluations fit in
-# about 10 minutes on a quiet machine.
+# Sized from the stages' measured rates on a quiet 2-core machine (docs/results.md: the units
+# search benchmark generated about 36 tokens/s over its runs, SFT took 8 s per step, a 100-task
+# units evaluation 2 min): the two searches (2 x 12 x 400 tokens, about 4.5 min), 12 SFT steps
+# (about 2 min) and two 32-task evaluations (about 1.5 min) come to about 9 minutes.
 DEMO_SIZES: dict[str, Any] = {
     "num_tasks": 12,
     "eval_tasks": 32,
@@ -34,7 +36,7 @@ DEMO_SIZES: dict[str, Any] = {
     "simulations": 64,
     "num_actions": 2,
     "max_depth": 3,
-    "budget": 500,
+    "budget": 400,
     # 64, not 48: a right units `convert` call with a decimal value is 49-50 SmolLM2 tokens.
     "max_new_tokens": 64,
     # docs/policy.md: SmolLM2's first reply is a tool call in 84% of samples at 0.7, 45% at 1.0.
