@@ -26,7 +26,7 @@ from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOptio
 # them moves held-out greedy success (0.21 -> 0.91 after round 1 of the units experiment).
 DEMO_SUITES = ["units"]
 # Sized from the stages' measured rates on a quiet 2-core machine (docs/results.md: the units
-# search benchmark generated about 36 tokens/s over its runs, SFT took 8 s per step, a 100-task
+# search benchmark generated about 35 tokens/s over its runs, SFT took 8 s per step, a 100-task
 # units evaluation 2 min): the two searches (2 x 12 x 400 tokens, about 4.5 min), 12 SFT steps
 # (about 2 min) and two 32-task evaluations (about 1.5 min) come to about 9 minutes.
 DEMO_SIZES: dict[str, Any] = {
