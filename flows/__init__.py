@@ -1,7 +1,8 @@
 """Prefect flows over the engine: generate, rescore, derive, export, train_dpo/sft/grpo,
-evaluate and pipeline, plus schedules (deployments with cron) and the runtime (thread or Ray
-task runner, retries, the accelerator concurrency limit). Flows are thin: the work is in
-dataengine/ and storage/. Importing this package imports Prefect; import the submodules you need."""
+evaluate, pipeline and demo (best-of-N beside the pipeline), plus schedules (deployments with
+cron) and the runtime (thread or Ray task runner, retries, the accelerator concurrency limit).
+Flows are thin: the work is in dataengine/ and storage/. Importing this package imports
+Prefect; import the submodules you need."""
 
 import os
 

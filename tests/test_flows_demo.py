@@ -1,4 +1,5 @@
-"""`dataengine demo --quick`: gold table, the whole pipeline on the tiny model, the report."""
+"""`dataengine demo --quick`: gold table, best-of-N and the whole pipeline on the tiny model,
+the report, and the demo's table."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ def test_quick_demo_end_to_end(tmp_path):
 
     result = CliRunner().invoke(app, ["demo", "--quick", "--tasks", "2", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    for text in ("gold", "before (tiny)", "store:", "datasets:", "checkpoint:", "report:", "dataengine query"):
+    # The table's first column is never wrapped; its other cells may be, so they are read from the report.
+    for text in ("gold", "store:", "datasets:", "checkpoint:", "report:", "dataengine query",
+                 "search, 4 train tasks", "solved per M tokens", "solved per wall-minute", "held-out greedy, 3 tasks"):
         assert text in result.output
     assert (tmp_path / "report" / "report.html").exists()
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "What the engine is for" in report and "| solved per M tokens |" in report
+    assert "| **held-out greedy, 3 tasks [95% CI]** | **before (tiny)** | **after" in report
     store = Store(tmp_path / "store")
     runs = set(store.runs().collect()["run_id"].to_list())
-    assert {"demo", "demo/r0/eval", "demo/r1", "demo/r1/eval"} <= runs
+    assert {"demo", "demo/best-of-n", "demo/r0/eval", "demo/r1", "demo/r1/eval"} <= runs
     assert store.committed_shards("tasks", "demo/r1")
+    # Best-of-N searched the same train tasks as round 1's MCTS.
+    tasks = store.sql("SELECT run_id, task_id FROM tasks").collect()
+    searched = {run: set(tasks.filter(tasks["run_id"] == run)["task_id"].to_list()) for run in ("demo/r1", "demo/best-of-n")}
+    assert searched["demo/r1"] == searched["demo/best-of-n"] and len(searched["demo/r1"]) == 4
     # The store answers questions about the run, as the demo's last line suggests.
     frame = store.sql("SELECT run_id, count(*) AS n FROM trajectories GROUP BY run_id ORDER BY run_id").collect()
     assert "demo/r1" in frame["run_id"].to_list()
