@@ -207,3 +207,16 @@ def test_smollm2_on_ten_simple_python_tasks_is_scored_as_bfcl_scores_it(tmp_path
     valid, n = map(int, re.search(r"BFCL simple_python: accuracy [\d.]+ \((\d+)/(\d+) valid\)", result.output).groups())
     assert n == len(lines) == 10 and valid == sum(checker("simple_python", line) for line in lines)
     assert any(line["calls"] for line in lines)  # SmolLM2 calls tools on some of them
+
+
+def test_experiment_trains_on_its_suites_and_evaluates_on_eval_only_ones(tmp_path):
+    from dataengine.config import ConfigError
+    from dataengine.evaluation.experiment import experiment_config
+    from dataengine.stages.evaluate import eval_suites
+
+    with pytest.raises(ConfigError, match=r"'bfcl:simple_python' is eval-only .* --eval-suite bfcl:simple_python$"):
+        experiment_config(out=str(tmp_path), suites=["bfcl:simple"], model="tiny")
+    cfg = experiment_config(out=str(tmp_path), suites=["arithmetic"], model="tiny",
+                            overrides={"engine__eval__suites": ["bfcl:simple_python", "tau2:retail"]})
+    assert cfg.engine.suites == ["arithmetic"] and eval_suites(cfg.engine) == ["bfcl:simple_python", "tau2:retail"]
+    assert eval_suites(experiment_config(out=str(tmp_path), suites=["units"], model="tiny").engine) == ["units"]
