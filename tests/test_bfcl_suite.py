@@ -220,3 +220,17 @@ def test_experiment_trains_on_its_suites_and_evaluates_on_eval_only_ones(tmp_pat
                             overrides={"engine__eval__suites": ["bfcl:simple_python", "tau2:retail"]})
     assert cfg.engine.suites == ["arithmetic"] and eval_suites(cfg.engine) == ["bfcl:simple_python", "tau2:retail"]
     assert eval_suites(experiment_config(out=str(tmp_path), suites=["units"], model="tiny").engine) == ["units"]
+
+
+def test_batches_play_the_same_episodes_as_one_batch(tiny, env):
+    from dataengine.config import EvalConfig
+    from dataengine.evaluation import evaluate
+    from dataengine.suites import generate_suite
+
+    tasks = generate_suite("arithmetic", 0, 3, seed=0)
+    seen = []
+    one = evaluate(tiny, env, tasks, EvalConfig(max_new_tokens=8, batch_size=3))
+    split = evaluate(tiny, env, tasks, EvalConfig(max_new_tokens=8, batch_size=2),
+                     progress=lambda label, done, total, tokens: seen.append((label, done, total)))
+    assert seen == [("greedy", 2, 3), ("greedy", 3, 3)]
+    assert [o.rollout.state.messages for o in one.outcomes] == [o.rollout.state.messages for o in split.outcomes]
