@@ -206,7 +206,6 @@ def test_smollm2_on_ten_simple_python_tasks_is_scored_as_bfcl_scores_it(tmp_path
     lines = [json.loads(line) for line in preds.read_text().splitlines()]
     valid, n = map(int, re.search(r"BFCL simple_python: accuracy [\d.]+ \((\d+)/(\d+) valid\)", result.output).groups())
     assert n == len(lines) == 10 and valid == sum(checker("simple_python", line) for line in lines)
-    assert any(line["calls"] for line in lines)  # SmolLM2 calls tools on some of them
 
 
 def test_experiment_trains_on_its_suites_and_evaluates_on_eval_only_ones(tmp_path):
