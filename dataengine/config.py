@@ -285,6 +285,16 @@ class EvalConfig(Section):
     search: bool = Field(False, description="also measure search-at-inference success")
     search_simulations: int = Field(8, ge=1, description="search at inference: simulations per tree")
     search_actions: int = Field(4, ge=1, description="search at inference: actions sampled per expansion")
+    batch_size: int = Field(16, ge=1, description="tasks played together in one batch of episodes (bounds memory)")
+    suites: list[str] | None = Field(
+        None, description="suites evaluated (None: the engine's suites); eval-only sets such as bfcl:<category> go here")
+
+    @field_validator("suites")
+    @classmethod
+    def _suite_names(cls, value: list[str] | None) -> list[str] | None:
+        from dataengine.suites.catalog import check_suite_name
+
+        return None if value is None else [check_suite_name(name) for name in value]
 
     @model_validator(mode="after")
     def _sampling(self) -> EvalConfig:
@@ -425,7 +435,7 @@ class EngineConfig(Section):
 
     store: str = Field("runs/store", description="store root folder")
     seed: int = Field(0, description="seed of task generation, sampling and search")
-    suites: list[str] = Field(default_factory=lambda: ["arithmetic"], description="suite names")
+    suites: list[str] = Field(default_factory=lambda: ["arithmetic"], description="suite names (dataengine.suites.catalog)")
     num_tasks: int = Field(8, ge=1, description="tasks per suite (with task_file: at most this many)")
     task_file: str | None = Field(None, description="a .jsonl/.parquet task file to search instead of the suites")
     levels: list[int] | None = Field(None, description="difficulty levels of the suites' tasks to search (None: all)")
@@ -441,6 +451,13 @@ class EngineConfig(Section):
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainSection = Field(default_factory=TrainSection)
+
+    @field_validator("suites")
+    @classmethod
+    def _suite_names(cls, value: list[str]) -> list[str]:
+        from dataengine.suites.catalog import check_suite_name
+
+        return [check_suite_name(name) for name in value]
 
     # Sections and fields that cannot change what `generate` writes: left out of its run id.
     NOT_IN_RUN_ID: ClassVar[tuple[str, ...]] = ("store", "derive", "eval", "train", "sandbox.workers")

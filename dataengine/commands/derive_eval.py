@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_command(
         model: Annotated[str | None, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder (config.policy.model).")] = None,
-        suite: Annotated[list[str] | None, typer.Option("--suite", help="Built-in suite (repeat for several; config.suites).")] = None,
+        suite: Annotated[list[str] | None, typer.Option("--suite", help="Suite (repeat for several; config.suites): a built-in one, bfcl:<category> or tau2:<domain>.")] = None,
         tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="Held-out tasks per suite (config.eval.num_tasks).")] = None,
         store: Annotated[Path | None, typer.Option("--store", help="Store root folder; evals are written there (config.store).")] = None,
         config: Annotated[Path | None, typer.Option("--config", help="EngineConfig file; flags override it.")] = None,
@@ -108,24 +108,33 @@ def register(app: typer.Typer) -> None:
         backend: Annotated[str | None, typer.Option("--backend", help="hf | vllm | openai (config.policy.backend; openai: a served model at --base-url).")] = None,
         base_url: Annotated[list[str] | None, typer.Option("--base-url", help="openai backend: server base URL (repeat for several; config.policy.base_url).")] = None,
         run_id: Annotated[str | None, typer.Option("--run-id", help="Run id of the evals rows (default eval-<suite>-<seed>).")] = None,
+        predictions: Annotated[Path | None, typer.Option("--predictions", help="BFCL suites: write the greedy predictions here as BFCL-format {\"id\", \"calls\"} JSON lines.")] = None,
+        batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Tasks played together (config.eval.batch_size; bounds memory).")] = None,
         tools: ToolsOption = None,
         mcp: MCPOption = None,
         mcp_stateless: MCPStatelessOption = None,
     ) -> None:
         """Evaluate a model on held-out tasks: greedy success, pass@k, search at inference and
         the when/which/how/final axes, with 95% intervals and the configured reward, written to
-        the store's evals table."""
+        the store's evals table. BFCL suites also get BFCL's accuracy (per category, and the
+        leaderboard's averages over several), tau2 suites pass^1 with tau2's user simulator."""
         from rich.console import Console
         from rich.table import Table
 
         from dataengine.config import ConfigError, load_config
         from dataengine.policy.openai import EndpointError
         from dataengine.stages.evaluate import evaluate
+        from dataengine.suites.catalog import is_eval_only
         from storage import StoreError
 
+        if few_shot is None and suite and all(is_eval_only(name) for name in suite):
+            few_shot = False  # benchmarks are scored with their own prompt: no foreign worked examples
+        if max_steps is None and suite and all(_single_turn_bfcl(name) for name in suite):
+            max_steps = 1  # BFCL scores the first response of a single-turn entry; later turns cost tokens only
         try:
             engine = load_config(
                 config, store=str(store) if store else None, suites=list(suite) if suite else None,
+                eval__batch_size=batch_size,
                 policy__model=model, policy__device=device, policy__few_shot=few_shot, env__max_steps=max_steps,
                 policy__backend=backend, policy__base_url=list(base_url) if base_url else None,
                 eval__num_tasks=tasks, eval__k=k, eval__samples=samples, eval__search=search,
@@ -134,6 +143,8 @@ def register(app: typer.Typer) -> None:
                 search__max_depth=max_steps, search__value=value,
                 **tools_overrides(tools, mcp, mcp_stateless, config=config),
             )
+            if predictions is not None and not any(s.startswith("bfcl:") for s in engine.eval.suites or engine.suites):
+                raise ValueError("--predictions needs a BFCL suite (--suite bfcl:<category>)")
             results = evaluate(engine, run_id)
         except (ConfigError, StoreError, FileNotFoundError, ValueError, EndpointError) as exc:
             _fail(str(exc))
@@ -146,6 +157,7 @@ def register(app: typer.Typer) -> None:
             Console().print(table)
             done = "already in the store (skipped)" if r["skipped"] else f"evals table version {r['version']}; {r['seconds']:.1f} s"
             typer.echo(f"{r['suite']}: {done}")
+        _report_benchmarks(results, predictions)
 
     @app.command("rescore")
     def rescore_command(
@@ -169,3 +181,38 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"run {run}: every shard already rescored; nothing to do")
         for r in results:
             typer.echo(json.dumps(asdict(r), sort_keys=True))
+
+
+def _single_turn_bfcl(name: str) -> bool:
+    from dataengine.external.bfcl.tasks import MULTI_TURN_CATEGORIES
+    from dataengine.suites.catalog import bfcl_category
+
+    try:
+        category = bfcl_category(name)
+    except ValueError:
+        return False  # an unknown name: the config's check reports it
+    return category is not None and category not in MULTI_TURN_CATEGORIES
+
+
+def _report_benchmarks(results: list[dict], predictions: Path | None) -> None:
+    """BFCL accuracy per category (and the leaderboard's averages over several), tau2's pass^1,
+    and the BFCL predictions file."""
+    from dataengine.evaluation.benchmarks import bfcl_summary, write_predictions
+
+    scores = {category: score for r in results for category, score in r.get("bfcl", {}).items()}
+    for category, score in scores.items():
+        typer.echo(f"BFCL {category}: accuracy {score['valid'] / score['tasks']:.4f} ({score['valid']}/{score['tasks']} valid)")
+    for r in results:
+        if "pass^1" in r["metrics"]:
+            value, low, high = r["metrics"]["pass^1"]
+            typer.echo(f"tau2 {r['suite'].split(':', 1)[1]}: pass^1 {value:.4f} [{low:.3f}, {high:.3f}] over {r['n']['pass^1']} tasks")
+    if len(scores) > 1:
+        summary = bfcl_summary({c: s["valid"] / s["tasks"] for c, s in scores.items()}, {c: s["tasks"] for c, s in scores.items()})
+        for group in ("non_live_ast", "live_ast", "multi_turn"):
+            if summary[group] is not None:
+                missing = summary["missing"].get(group)
+                note = f" (not evaluated, counted 0 as the leaderboard does: {', '.join(missing)})" if missing else ""
+                typer.echo(f"BFCL {group} summary: {summary[group]:.4f}{note}")
+    if predictions is not None:
+        written = write_predictions(predictions, [p for s in scores.values() for p in s["predictions"]])
+        typer.echo(f"predictions: {written} lines -> {predictions}")

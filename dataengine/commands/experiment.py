@@ -65,6 +65,7 @@ def register(app: typer.Typer) -> None:
     @app.command("experiment")
     def experiment_command(
         suite: Annotated[list[str], typer.Option("--suite", help="Suite to train and evaluate on (repeat).")] = ["arithmetic"],  # noqa: B006
+        eval_suite: Annotated[list[str] | None, typer.Option("--eval-suite", help="Suite evaluated instead of --suite (repeat), e.g. an eval-only bfcl:<category> (engine.eval.suites).")] = None,
         out: Annotated[Path, typer.Option("--out", help="Folder of the store, datasets, checkpoints and results.")] = Path("runs/experiment"),
         rounds: Annotated[int, typer.Option("--rounds", min=1, help="Search -> train -> evaluate rounds.")] = 3,
         train_tasks: Annotated[int, typer.Option("--train-tasks", min=1, help="Train tasks searched per suite and round.")] = 32,
@@ -90,6 +91,8 @@ def register(app: typer.Typer) -> None:
 
         overrides = experiment_overrides(config, set_, round_set)
         overrides.update(tools_overrides(tools, mcp, mcp_stateless, config=config, prefix="engine__"))
+        if eval_suite:
+            overrides["engine__eval__suites"] = list(eval_suite)
         try:
             cfg = experiment_config(out=str(out), suites=list(suite), rounds=rounds, train_tasks=train_tasks,
                                     heldout_tasks=heldout_tasks, model=model, curriculum=_levels(curriculum),

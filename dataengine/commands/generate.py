@@ -13,7 +13,7 @@ from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOptio
 def register(app: typer.Typer) -> None:
     @app.command("generate")
     def generate_command(
-        suite: Annotated[list[str] | None, typer.Option("--suite", help="Suite name (repeat for several); default: config.suites.")] = None,
+        suite: Annotated[list[str] | None, typer.Option("--suite", help="Suite name (repeat for several; bfcl:<category> and tau2:<domain> are eval-only: --split heldout); default: config.suites.")] = None,
         tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="Tasks per suite (config.num_tasks).")] = None,
         task_file: Annotated[Path | None, typer.Option("--task-file", help="Search the tasks of a .jsonl/.parquet task file instead of generating a suite.")] = None,
         model: Annotated[str | None, typer.Option("--model", help="'smollm2', 'tiny' or a checkpoint folder (config.policy.model).")] = None,
@@ -54,11 +54,13 @@ def register(app: typer.Typer) -> None:
 
         from dataengine.config import ConfigError, load_config
         from dataengine.stages.generate import generate
-        from dataengine.suites import SUITE_MODULES
+        from dataengine.suites.catalog import check_suite_name
 
         for name in suite or ():
-            if name not in SUITE_MODULES:
-                raise typer.BadParameter(f"unknown suite {name!r}; known: {', '.join(SUITE_MODULES)}", param_hint="--suite")
+            try:
+                check_suite_name(name)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--suite") from None
         if value_model is not None and not value_model.is_file():
             raise typer.BadParameter(f"value head file {value_model} does not exist", param_hint="--value-model")
         if task_file is not None and not task_file.is_file():

@@ -12,7 +12,11 @@ Metrics (one `evals` row each, 95% intervals):
 - search_success: the episode search returns at inference when its tree is guided by the
   verifier reward (oracle-guided); search_found: some episode in that tree succeeded (an upper bound: the tree's terminal
   rewards come from the verifiers, which know the gold answer).
+- bfcl/<category>: BFCL's accuracy on the tasks of that category, from the greedy episodes
+  (dataengine.evaluation.benchmarks; Wilson); details hold every prediction line and verdict.
+- pass^1: tau2 tasks: share whose greedy episode gets tau2's reward 1 (Wilson).
 Details of every row: settings, tokens and tool calls per solved task, per-task outcomes.
+Episodes are played `config.batch_size` tasks at a time (memory grows with the batch).
 """
 
 from __future__ import annotations
@@ -123,6 +127,51 @@ def cost_details(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
+def benchmark_metrics(greedy: Sequence[Outcome]) -> list[Metric]:
+    """BFCL accuracy per category and tau2's pass^1 of the greedy episodes of external tasks."""
+    from dataengine.evaluation.benchmarks import bfcl_score, tau2_pass1
+
+    metrics = []
+    by_category: dict[str, list[Outcome]] = {}
+    for o in greedy:
+        category = o.rollout.task.metadata.get("bfcl_category")
+        if category is not None:
+            by_category.setdefault(category, []).append(o)
+    for category, outcomes in by_category.items():
+        score = bfcl_score(category, [o.rollout.state.episode() for o in outcomes])
+        low, high = wilson_interval(score["valid"], score["tasks"])
+        metrics.append(Metric(f"bfcl/{category}", score["accuracy"], low, high, score["tasks"],
+                              {k: v for k, v in score.items() if k != "accuracy"}))
+    tau2 = [o for o in greedy if o.rollout.task.suite.startswith("tau2:")]
+    if tau2:
+        passed, n = tau2_pass1([o.verdicts for o in tau2])
+        low, high = wilson_interval(passed, n)
+        metrics.append(Metric("pass^1", passed / n, low, high, n,
+                              {"passed": passed, "per_task": {o.rollout.task.id: any(v.name == "tau2" and v.passed for v in o.verdicts) for o in tau2}}))
+    return metrics
+
+
+Progress = Callable[[str, int, int, int], None]
+"""(label, episodes done, episodes in all, generated tokens so far) after each batch."""
+
+
+def play(policy: Policy, env: ToolEnv, tasks: Sequence[Task], *, n: int, temperature: float, top_p: float = 1.0,
+         max_new_tokens: int, seed: int, batch_size: int, label: str = "greedy",
+         progress: Progress | None = None) -> list[list[Rollout]]:
+    """`rollouts` over `tasks` in batches of `batch_size` tasks (`[len(tasks)][n]`, the same
+    episodes as one batch: a sample's seed does not depend on the other tasks)."""
+    out: list[list[Rollout]] = []
+    tokens = 0
+    for start in range(0, len(tasks), batch_size):
+        part = rollouts(policy, env, tasks[start : start + batch_size], n=n, temperature=temperature, top_p=top_p,
+                        max_new_tokens=max_new_tokens, seed=seed)
+        out += part
+        tokens += sum(r.generated_tokens for per_task in part for r in per_task)
+        if progress is not None:
+            progress(label, len(out) * n, len(tasks) * n, tokens)
+    return out
+
+
 SearchFn = Callable[[list[Task]], list[tuple[Rollout | None, bool]]]
 """Search at inference: for each task, (the episode search returns or None, whether any episode
 of its tree succeeded). See dataengine.evaluation.search."""
@@ -138,10 +187,11 @@ def evaluate(
     search: SearchFn | None = None,
     deployable_search: SearchFn | None = None,
     suite: str | None = None,
+    progress: Progress | None = None,
 ) -> EvalReport:
     """Greedy, pass@k and search-at-inference metrics of `policy` on `tasks`: `search` (oracle
     guided: search_success, search_found) and `deployable_search` (no gold in the search:
-    search_deployable_success), each when given."""
+    search_deployable_success), each when given; `progress` is told after each batch."""
     config = config or EvalConfig()
     tasks = list(tasks)
     if not tasks:
@@ -154,8 +204,8 @@ def evaluate(
     metrics: list[Metric] = []
     outcomes: list[Outcome] = []
     if config.greedy:
-        played = rollouts(policy, env, tasks, n=1, temperature=0.0, max_new_tokens=config.max_new_tokens,
-                          seed=config.seed)
+        played = play(policy, env, tasks, n=1, temperature=0.0, max_new_tokens=config.max_new_tokens,
+                      seed=config.seed, batch_size=config.batch_size, label="greedy", progress=progress)
         greedy = verify([r[0] for r in played], reward, "eval-greedy")
         outcomes += greedy
         per_task = {o.rollout.task.id: o.success for o in greedy}
@@ -165,10 +215,12 @@ def evaluate(
             flags = [o.axes[axis] for o in greedy if o.axes.get(axis) is not None]
             metrics.append(proportion(f"axis/{axis}", flags, {"source": "greedy"}))
         metrics += level_metrics(greedy)
+        metrics += benchmark_metrics(greedy)
     if config.k:
         n = config.samples or config.k
-        played = rollouts(policy, env, tasks, n=n, temperature=config.temperature, top_p=config.top_p,
-                          max_new_tokens=config.max_new_tokens, seed=config.seed)
+        played = play(policy, env, tasks, n=n, temperature=config.temperature, top_p=config.top_p,
+                      max_new_tokens=config.max_new_tokens, seed=config.seed, batch_size=config.batch_size,
+                      label=f"{n} samples", progress=progress)
         sampled = [verify(per_task, reward, "eval-sample") for per_task in played]
         outcomes += [o for per_task in sampled for o in per_task]
         correct = [sum(o.success for o in per_task) for per_task in sampled]

@@ -42,7 +42,15 @@ def experiment_config(*, out: str, suites: list[str], rounds: int = 3, train_tas
         "engine__eval__search": True,
     }
     base.update(overrides or {})
-    return load_config(None, model=PipelineConfig, **base)
+    config = load_config(None, model=PipelineConfig, **base)
+    from dataengine.config import ConfigError
+    from dataengine.suites.catalog import is_eval_only
+
+    for suite in config.engine.suites:
+        if is_eval_only(suite):
+            raise ConfigError(f"engine.suites: {suite!r} is eval-only and the experiment searches and trains on its "
+                              f"suites; train on another suite and evaluate on it with --eval-suite {suite}")
+    return config
 
 
 def _metric(result: dict[str, Any], name: str) -> tuple[Any, Any, Any] | None:

@@ -15,12 +15,50 @@ from dataengine.stages.resources import Resources
 
 
 def heldout_tasks(config: EngineConfig, suite: str) -> list[Any]:
-    """config.eval.num_tasks held-out tasks of `suite`, drawn with config.eval.seed."""
-    from dataengine.suites import SUITE_MODULES, generate_suite
+    """config.eval.num_tasks held-out tasks of `suite`, drawn with config.eval.seed (an eval-only
+    set: its first num_tasks tasks; tau2 opens with the agent's greeting, for the user simulator)."""
+    from dataengine.suites.catalog import suite_tasks
 
-    if suite not in SUITE_MODULES:
-        raise ValueError(f"unknown suite {suite!r}; known suites: {', '.join(SUITE_MODULES)}")
-    return generate_suite(suite, n_train=0, n_heldout=config.eval.num_tasks, seed=config.eval.seed)
+    return suite_tasks(suite, config.eval.num_tasks, split="heldout", seed=config.eval.seed, user="simulated")
+
+
+def eval_suites(config: EngineConfig) -> list[str]:
+    """The suites evaluated: config.eval.suites, else config.suites."""
+    return list(config.eval.suites or config.suites)
+
+
+def simulated_user_env(resources: Resources, tasks: list[Any]) -> tuple[Any, list[Any]]:
+    """(env, tasks) for tasks that open with the agent's greeting (tau2, user "simulated"): a
+    ToolEnv whose next user turns come from a UserSimulator played by the evaluated policy (tau2's
+    guidelines and the task's user scenario; config.eval.max_new_tokens per message), the tasks
+    with the user's first message added.
+    Other tasks: resources.env and the tasks as they are."""
+    from dataengine.env import ToolEnv
+    from dataengine.policy.user import UserSimulator
+
+    if not any(t.metadata.get("user_instructions") and t.messages and t.messages[-1].role == "assistant" for t in tasks):
+        return resources.env, tasks
+    e = resources.config.eval
+    sim = UserSimulator(resources.policy, max_new_tokens=e.max_new_tokens, seed=e.seed)
+    env = ToolEnv(resources.env.sandbox, max_steps=resources.env.max_steps, next_user_turn=sim)
+    return env, [sim.start(t) for t in tasks]
+
+
+def batch_progress(suite: str) -> Callable[[str, int, int, int], None]:
+    """A progress line on stderr after each batch of episodes: done/total, tokens, rate and ETA."""
+    import sys
+    import time
+
+    started = time.perf_counter()
+
+    def report(label: str, done: int, total: int, tokens: int) -> None:
+        elapsed = time.perf_counter() - started
+        eta = f"{elapsed / done * (total - done):.0f} s" if done else "?"
+        print(f"eval {suite} {label}: {done}/{total} episodes, {tokens} tokens "
+              f"({tokens / elapsed if elapsed > 0 else 0.0:.1f} tok/s), {elapsed:.0f} s elapsed, ETA {eta}",
+              file=sys.stderr, flush=True)
+
+    return report
 
 
 def check_not_trained_on(model: str, tasks: list[Any]) -> None:
@@ -49,7 +87,10 @@ def search_config(config: EngineConfig) -> EngineConfig:
 
 def evaluate_suite(resources: Resources, suite: str, run_id: str, *, tasks: list[Any] | None = None) -> dict[str, Any]:
     """Evaluate resources.policy on `suite` (tasks: default `heldout_tasks`); returns {suite,
-    model_id, metrics: {name: (value, ci_low, ci_high)}, n, seconds, skipped, version}."""
+    model_id, metrics: {name: (value, ci_low, ci_high)}, n, seconds, skipped, version, bfcl:
+    {category: {tasks, valid, predictions, verdicts}} (BFCL suites; else empty)}."""
+    import json
+
     import polars as pl
 
     from dataengine.evaluation import evaluate, write_report
@@ -64,17 +105,22 @@ def evaluate_suite(resources: Resources, suite: str, run_id: str, *, tasks: list
         rows = store.evals().filter((pl.col("run_id") == run_id) & (pl.col("shard_id") == shard)).collect()
         return {"suite": suite, "model_id": policy.model_id, "skipped": True, "seconds": 0.0, "version": None,
                 "metrics": {r["metric"]: (r["value"], r["ci_low"], r["ci_high"]) for r in rows.iter_rows(named=True)},
-                "n": {r["metric"]: r["n"] for r in rows.iter_rows(named=True)}}
+                "n": {r["metric"]: r["n"] for r in rows.iter_rows(named=True)},
+                "bfcl": {r["metric"].split("/", 1)[1]: json.loads(r["details_json"])
+                         for r in rows.iter_rows(named=True) if r["metric"].startswith("bfcl/")}}
+    env, tasks = simulated_user_env(resources, tasks)
     finders = {}
     if config.eval.search:
-        finders = {name: search_at_inference(policy, resources.env, search_config(config), reward=resources.reward,
+        finders = {name: search_at_inference(policy, env, search_config(config), reward=resources.reward,
                                              seed=config.eval.seed, selection=selection)
                    for name, selection in (("search", "oracle"), ("deployable_search", "deployable"))}
-    report = evaluate(policy, resources.env, tasks, config.eval, reward=resources.reward, suite=suite, **finders)
+    report = evaluate(policy, env, tasks, config.eval, reward=resources.reward, suite=suite,
+                      progress=batch_progress(suite), **finders)
     version = write_report(store, report, run_id=run_id, config={"engine": config.model_dump(mode="json")})
     return {"suite": suite, "model_id": report.model_id, "skipped": False, "seconds": report.seconds,
             "version": version, "metrics": {m.metric: (m.value, m.ci_low, m.ci_high) for m in report.metrics},
-            "n": {m.metric: m.n for m in report.metrics}}
+            "n": {m.metric: m.n for m in report.metrics},
+            "bfcl": {m.metric.split("/", 1)[1]: m.details for m in report.metrics if m.metric.startswith("bfcl/")}}
 
 
 def evaluate_suite_at(config: EngineConfig, suite: str, run_id: str, *,
@@ -107,9 +153,9 @@ def in_process(config: EngineConfig, suites: list[tuple[str, str, list[Any]]]) -
 
 def evaluate(config: EngineConfig, run_id: str | None = None, *,
              execute: EvaluateExecutor = in_process) -> list[dict[str, Any]]:
-    """Every suite of config.suites on its held-out tasks (`heldout_tasks`, drawn and checked
-    before any model loads), through `execute` (`dataengine eval`: in this process; the
+    """Every suite of `eval_suites(config)` on its held-out tasks (`heldout_tasks`, drawn and
+    checked before any model loads), through `execute` (`dataengine eval`: in this process; the
     evaluate flow: one Prefect task per suite). run_id None: `default_eval_run` per suite.
-    Returns one `evaluate_suite` result per suite, in config.suites order."""
-    suites = [(s, run_id or default_eval_run(config, s), heldout_tasks(config, s)) for s in config.suites]
+    Returns one `evaluate_suite` result per suite, in that order."""
+    suites = [(s, run_id or default_eval_run(config, s), heldout_tasks(config, s)) for s in eval_suites(config)]
     return execute(config, suites)

@@ -194,8 +194,11 @@ class GenerateSummary:
 
 def config_tasks(config: EngineConfig) -> list[Task]:
     """The tasks of a config: config.task_file's tasks of config.split (at most num_tasks when
-    set), else config.num_tasks tasks of each suite in config.suites, seeded by config.seed."""
-    from dataengine.suites import generate_suite, load_tasks
+    set), else config.num_tasks tasks of each suite in config.suites, seeded by config.seed
+    (`suites.catalog.suite_tasks`: an eval-only suite such as bfcl:<category> only with split
+    heldout; its tasks keep split "heldout" in the store)."""
+    from dataengine.suites import load_tasks
+    from dataengine.suites.catalog import suite_tasks
 
     if config.tools.mcp:  # task files may name the servers' toolboxes
         from dataengine.tools.mcp import register_servers
@@ -207,12 +210,8 @@ def config_tasks(config: EngineConfig) -> list[Task]:
             raise ValueError(f"task file {config.task_file} holds no {config.split} tasks")
         return tasks[: config.num_tasks]
     tasks: list[Task] = []
-    levels = {"levels": list(config.levels)} if config.levels else {}
     for suite in config.suites:
-        if config.split == "train":
-            tasks += generate_suite(suite, n_train=config.num_tasks, n_heldout=0, seed=config.seed, **levels)
-        else:
-            tasks += generate_suite(suite, n_train=0, n_heldout=config.num_tasks, seed=config.seed, **levels)
+        tasks += suite_tasks(suite, config.num_tasks, split=config.split, seed=config.seed, levels=config.levels)
     return tasks
 
 

@@ -1,7 +1,8 @@
 """Checking BFCL predictions the way BFCL does (AST rules; per-turn state and results for
 multi-turn), for `dataengine verify bfcl`.
 
-A prediction is {"id": BFCL id, "calls": [{"name": ..., "arguments": {...}}]}; multi-turn:
+A prediction is {"id": BFCL id, "calls": [{"name": ..., "arguments": {...}}]} (or each call as
+BFCL's checker reads it, {name: {arguments}}, as `dataengine eval --predictions` writes); multi-turn:
 {"id", "turns": [[call, ...], ...]}, the calls of each user turn in order (a task of one turn
 may give "calls"). A multi-turn prediction with another number of turns than the task is
 invalid, as BFCL counts a run that stopped early.
@@ -49,12 +50,17 @@ def _calls_from(prediction: dict[str, Any]) -> list[ToolCall]:
 
 
 def _parse_calls(raw: Any) -> list[ToolCall]:
+    """Calls as {"name": ..., "arguments": {...}} or as BFCL's checker reads them, {name: {...}}."""
     if not isinstance(raw, list):
         raise ValueError("'calls' must be a list of {'name': ..., 'arguments': {...}}")
     calls = []
     for item in raw:
+        if isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item.values())), dict):
+            ((name, args),) = item.items()
+            calls.append(ToolCall(name=name, arguments=args))
+            continue
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise ValueError(f"each call must be an object with a string 'name' and 'arguments'; got {item!r}")
+            raise ValueError(f"each call must be an object with a string 'name' and 'arguments', or {{name: {{arguments}}}}; got {item!r}")
         args = item.get("arguments", {})
         if isinstance(args, str):
             args = json.loads(args)

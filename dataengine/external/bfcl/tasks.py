@@ -107,12 +107,18 @@ def to_json_schema(schema: Any) -> Any:
     return out
 
 
+# What BFCL appends to every Python function's description before the model sees it
+# (bfcl_eval.utils._get_language_specific_hint).
+LANGUAGE_HINT = " Note that the provided function is in Python 3 syntax."
+
+
 def tool_spec(function: dict[str, Any]) -> ToolSpec:
-    """A BFCL function document as a ToolSpec (parameters converted to JSON Schema)."""
+    """A BFCL function document as a ToolSpec (parameters converted to JSON Schema), its
+    description ending with BFCL's language hint, as BFCL's prompt shows it."""
     params = to_json_schema(function.get("parameters") or {"type": "object", "properties": {}})
     params.setdefault("properties", {})
     params.setdefault("required", [])
-    return ToolSpec(name=function["name"], description=function.get("description", ""), parameters=params)
+    return ToolSpec(name=function["name"], description=function.get("description", "") + LANGUAGE_HINT, parameters=params)
 
 
 def _messages(turn: list[dict[str, Any]]) -> list[Message]:
@@ -161,7 +167,7 @@ def _ast_gold(ground_truth: list[dict[str, Any]], functions: list[dict[str, Any]
 
 
 def load_tasks(category: str, limit: int | None = None, ids: Iterable[str] | None = None) -> list[Task]:
-    """BFCL entries of `category` as Tasks (split "heldout": these are evaluation sets).
+    """BFCL entries of `category` as Tasks (split "heldout", metadata["eval_only"]: evaluation sets).
 
     Task ids are "bfcl/<BFCL id>"; metadata["bfcl_id"] keeps the BFCL id.
     """
@@ -194,7 +200,7 @@ def unsatisfiable(ground_truth: list[dict[str, Any]], functions: list[dict[str, 
 
 
 def _single_turn_task(category: str, entry: dict[str, Any]) -> Task:
-    metadata: dict[str, Any] = {"bfcl_id": entry["id"], "bfcl_category": category, "reference_steps": 2}
+    metadata: dict[str, Any] = {"bfcl_id": entry["id"], "bfcl_category": category, "reference_steps": 2, "eval_only": True}
     if category in RELEVANCE_CATEGORIES:
         gold = Gold(needs_tool=RELEVANCE_CATEGORIES[category])
     else:
@@ -263,6 +269,7 @@ def _multi_turn_task(category: str, entry: dict[str, Any]) -> Task:
         metadata={
             "bfcl_id": entry["id"],
             "bfcl_category": category,
+            "eval_only": True,
             "state_view_key": "world",
             "stateful": True,
             "missed_function": {str(k): v for k, v in missed.items()},

@@ -62,12 +62,12 @@ def load_tasks(
     policy: bool = True,
     user: Literal["scenario", "simulated"] = "scenario",
 ) -> list[Task]:
-    """tau2 tasks of `domain` as Tasks (split "heldout"), ids "tau2/<domain>/<tau2 id>".
+    """tau2 tasks of `domain` as Tasks (split "heldout", metadata["eval_only"]), ids "tau2/<domain>/<tau2 id>".
 
     user: "scenario" puts the whole user scenario in the first user message; "simulated" opens
         with the agent's greeting (GREETING), as tau2 does, for a user simulator to answer.
     Gold: the task's actions as calls, and a final reply that tells every communicate_info item.
-    metadata: tau2_id, domain, stateful, state_view_key, communicate_info, nl_assertions,
+    metadata: tau2_id, domain, eval_only, stateful, state_view_key, communicate_info, nl_assertions,
     tau2_actions (action_id, name, arguments, compare_args, requestor), reward_basis,
     user_instructions (tau2's user scenario text), gold_reply. The reward is
     dataengine.verifiers.tau2.Tau2Verifier's.
@@ -108,6 +108,7 @@ def load_tasks(
                 metadata={
                     "tau2_id": str(entry["id"]),
                     "domain": domain,
+                    "eval_only": True,
                     "stateful": True,
                     "state_view_key": "db",
                     "communicate_info": communicate,
