@@ -27,6 +27,7 @@ SUITE_MODULES: dict[str, str] = {
     "shop": "dataengine.suites.shop",
     "chains": "dataengine.suites.chains",
     "notool": "dataengine.suites.notool",
+    "fncall": "dataengine.suites.fncall",
 }
 
 
