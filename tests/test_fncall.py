@@ -219,3 +219,56 @@ def test_gold_episodes_succeed_through_the_sandbox_and_match_by_execution():
         for task, state in zip(tasks, run_turns(env, tasks, [gold_turns(t) for t in tasks])):
             results = [r for step in state.steps for r in step.results]
             assert execution_check(task, [r.call for r in results], [r.output for r in results]) == (True, ""), task.id
+
+
+def test_the_experiment_config_searches_fncall_and_evaluates_on_bfcl(tmp_path):
+    from pathlib import Path
+
+    from dataengine.commands.experiment import experiment_overrides
+    from dataengine.evaluation.experiment import experiment_config
+    from dataengine.types import stable_hash
+    from flows.pipeline import Journal
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "configs" / "experiment-fncall.yaml"
+    cfg = experiment_config(out="runs/x", suites=["fncall"], overrides=experiment_overrides(path, None, None))
+    assert cfg.engine.suites == ["fncall"]
+    assert cfg.eval_suites == ["bfcl:simple_python", "bfcl:multiple", "bfcl:parallel", "bfcl:parallel_multiple",
+                               "bfcl:irrelevance"]  # fmt: skip
+    # Another eval_suites is another pipeline; an empty one is left out of the journal key, so a
+    # journal written before the field existed (a config dump without it) still matches.
+    plain = experiment_config(out=str(tmp_path), suites=["fncall"])
+    journal = Journal(tmp_path / "journal.json", plain)
+    journal.run("r0/evaluate", lambda: {"done": True})
+    with pytest.raises(ValueError, match="another pipeline config"):
+        Journal(tmp_path / "journal.json", plain.model_copy(update={"eval_suites": ["units"]}))
+    before = plain.model_dump(mode="json", exclude={"runtime", "rounds", "round_settings", "round_trainers"})
+    before.pop("eval_suites")
+    assert journal.key == stable_hash(before)
+
+
+@pytest.mark.slow
+def test_an_experiment_searches_fncall_and_evaluates_eval_suites(tmp_path):
+    """`eval_suites`: the pipeline searches and trains on engine.suites (fncall) and evaluates
+    every round on the other suites (units here), tiny model."""
+    import os
+
+    out = tmp_path / "exp"
+    sizes = ["--suite", "fncall", "--rounds", "1", "--train-tasks", "2", "--heldout-tasks", "2", "--model", "tiny",
+             "--trainers", "sft", "--set", "eval_suites=[units]",
+             "--set", "engine.search.num_simulations=2", "--set", "engine.search.num_actions=2",
+             "--set", "engine.search.max_depth=2", "--set", "engine.search.value=zero",
+             "--set", "engine.policy.max_new_tokens=6", "--set", "engine.policy.device=cpu",
+             "--set", "engine.eval.max_new_tokens=6", "--set", "engine.env.max_steps=2",
+             "--set", "engine.eval.search=false", "--set", "engine.sandbox.workers=1"]  # fmt: skip
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    run = subprocess.run([sys.executable, "-m", "dataengine.cli", "experiment", "--out", str(out), *sizes], env=env,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["round"], r["suite"]) for r in results["rows"]] == [(0, "units"), (1, "units")]
+    import polars as pl
+
+    from storage import Store
+
+    searched = Store(out / "store").runs().filter(pl.col("run_id") == "experiment/r1", pl.col("kind") == "generate")
+    assert [json.loads(c)["engine"]["suites"] for c in searched.collect()["config_json"]] == [["fncall"]]
