@@ -538,7 +538,7 @@ def _(rng):
     if rng.random() < 0.3:
         args["category"] = rng.choice(["electronics", "books", "clothing", "home", "sports"])
         extra += f", in the {args['category']} category"
-    return args, _pick(rng, f"Search the store for {query}{extra}.", f"Find me {query}{extra}.",
+    return args, _pick(rng, f"Search the store for {query}{extra}.", f"I am shopping for {query}{extra}.",
                        f"Show me some {query}{extra}.")
 
 
@@ -642,7 +642,7 @@ def _(rng):
 @ask("factorial")
 def _(rng):
     n = rng.randint(5, 25)
-    return {"n": n}, _pick(rng, f"What is {n} factorial?", f"Compute {n}!.")
+    return {"n": n}, _pick(rng, f"What is {n} factorial?", f"Compute the factorial of {n}.")
 
 
 @ask("scale_recipe")
