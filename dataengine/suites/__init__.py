@@ -1,4 +1,4 @@
-"""Built-in task suites (arithmetic, units, shop, chains, notool) and task files.
+"""Built-in task suites (arithmetic, units, shop, chains, notool, fncall) and task files.
 
 Importing this package is cheap: a suite module (and its toolbox) is imported only when the
 suite is used, so a sandbox worker that needs one toolbox does not build the others.
@@ -27,6 +27,7 @@ SUITE_MODULES: dict[str, str] = {
     "shop": "dataengine.suites.shop",
     "chains": "dataengine.suites.chains",
     "notool": "dataengine.suites.notool",
+    "fncall": "dataengine.suites.fncall",
 }
 
 

@@ -42,6 +42,7 @@ TOOLBOX_MODULES: dict[str, str] = {
     "shop": "dataengine.suites.shop",
     "chains": "dataengine.suites.chains",
     "notool": "dataengine.suites.notool",
+    "fncall": "dataengine.suites.fncall_tools",
     "testing": "dataengine.tools.testing",
 }
 # prefix -> "module:function" building the toolbox for "prefix:rest" names (external suites).
