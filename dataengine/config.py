@@ -539,10 +539,6 @@ class PipelineConfig(Section):
                     "later one; earlier rounds run `trainers`)",
     )
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    eval_suites: list[str] = Field(
-        default_factory=list,
-        description="suites every evaluation runs on, held-out tasks (empty: engine.suites, the searched ones)",
-    )
 
     @field_validator("round_trainers")
     @classmethod

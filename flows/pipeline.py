@@ -83,10 +83,9 @@ class Journal:
         from dataengine.types import stable_hash
 
         self.path = path
-        # Empty round_settings / round_trainers / eval_suites are left out too, so journals written
-        # before they existed still match.
-        left_out = {"runtime", "rounds"} | {k for k in ("round_settings", "round_trainers", "eval_suites")
-                                            if not getattr(config, k)}
+        # Empty round_settings / round_trainers are left out too, so journals written before they
+        # existed still match.
+        left_out = {"runtime", "rounds"} | {k for k in ("round_settings", "round_trainers") if not getattr(config, k)}
         self.key = stable_hash(config.model_dump(mode="json", exclude=left_out))
         self.done: dict[str, Any] = {}
         self.forked_from: dict[str, Any] | None = None
@@ -219,11 +218,8 @@ def pipeline_flow(config: PipelineConfig | None = None) -> dict[str, Any]:
         return run
 
     def evaluate(model: str, r: int) -> dict[str, Any]:
-        judged = with_model(round_engine(config, r), model)
-        if config.eval_suites:  # search on one set of suites, evaluate on another
-            judged = judged.model_copy(update={"suites": list(config.eval_suites)})
         return journal.run(f"r{r}/evaluate", timed(lambda: evaluate_flow.with_options(task_runner=make_task_runner(rt))(
-            config=judged, run_id=eval_run(config.run_id, r), runtime=rt)))
+            config=with_model(round_engine(config, r), model), run_id=eval_run(config.run_id, r), runtime=rt)))
 
     model = engine.policy.model
     evals = [(0, model, greedy(evaluate(model, 0)["result"]))]

@@ -226,35 +226,32 @@ def test_the_experiment_config_searches_fncall_and_evaluates_on_bfcl(tmp_path):
 
     from dataengine.commands.experiment import experiment_overrides
     from dataengine.evaluation.experiment import experiment_config
-    from dataengine.types import stable_hash
     from flows.pipeline import Journal
 
     path = Path(__file__).resolve().parents[1] / "docs" / "configs" / "experiment-fncall.yaml"
     cfg = experiment_config(out="runs/x", suites=["fncall"], overrides=experiment_overrides(path, None, None))
     assert cfg.engine.suites == ["fncall"]
-    assert cfg.eval_suites == ["bfcl:simple_python", "bfcl:multiple", "bfcl:parallel", "bfcl:parallel_multiple",
-                               "bfcl:irrelevance"]  # fmt: skip
-    # Another eval_suites is another pipeline; an empty one is left out of the journal key, so a
-    # journal written before the field existed (a config dump without it) still matches.
+    assert cfg.engine.eval.suites == ["bfcl:simple_python", "bfcl:multiple", "bfcl:parallel",
+                                      "bfcl:parallel_multiple", "bfcl:irrelevance"]  # fmt: skip
+    # Another set of evaluated suites is another pipeline: a journal does not resume across them.
     plain = experiment_config(out=str(tmp_path), suites=["fncall"])
     journal = Journal(tmp_path / "journal.json", plain)
     journal.run("r0/evaluate", lambda: {"done": True})
+    other = plain.model_copy(update={"engine": plain.engine.model_copy(
+        update={"eval": plain.engine.eval.model_copy(update={"suites": ["units"]})})})
     with pytest.raises(ValueError, match="another pipeline config"):
-        Journal(tmp_path / "journal.json", plain.model_copy(update={"eval_suites": ["units"]}))
-    before = plain.model_dump(mode="json", exclude={"runtime", "rounds", "round_settings", "round_trainers"})
-    before.pop("eval_suites")
-    assert journal.key == stable_hash(before)
+        Journal(tmp_path / "journal.json", other)
 
 
 @pytest.mark.slow
-def test_an_experiment_searches_fncall_and_evaluates_eval_suites(tmp_path):
-    """`eval_suites`: the pipeline searches and trains on engine.suites (fncall) and evaluates
+def test_an_experiment_searches_fncall_and_evaluates_other_suites(tmp_path):
+    """`engine.eval.suites`: the pipeline searches and trains on engine.suites (fncall) and evaluates
     every round on the other suites (units here), tiny model."""
     import os
 
     out = tmp_path / "exp"
     sizes = ["--suite", "fncall", "--rounds", "1", "--train-tasks", "2", "--heldout-tasks", "2", "--model", "tiny",
-             "--trainers", "sft", "--set", "eval_suites=[units]",
+             "--trainers", "sft", "--set", "engine.eval.suites=[units]",
              "--set", "engine.search.num_simulations=2", "--set", "engine.search.num_actions=2",
              "--set", "engine.search.max_depth=2", "--set", "engine.search.value=zero",
              "--set", "engine.policy.max_new_tokens=6", "--set", "engine.policy.device=cpu",
