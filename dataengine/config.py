@@ -195,9 +195,10 @@ class SearchConfig(Section):
     )
     solved_contrast: bool = Field(
         False,
-        description="solved_policy 'stop': a solved tree stops only once every node on its first success's path with "
-        "two or more candidates has a second child expanded (or its simulations or tokens run out), so step pairs "
-        "have a visited sibling to set against the success",
+        description="a solved tree sets siblings against its first success's path for step pairs: the path's "
+        "unexpanded final-answer candidates are stepped and verified at once (contrast probes, no tokens, terminal "
+        "nodes outside the tensor tree), and under solved_policy 'stop' the tree stops only once every node on the "
+        "path with two or more candidates has a second child or probe (or its simulations or tokens run out)",
     )
 
     @property

@@ -166,7 +166,7 @@ NODES = TableSpec(
         _c("model_id", _S, "policy model that produced the action"),
         _c("created_at", TIMESTAMP, "when the row was written (filled by the store when null)"),
         # Added after v1 (compatible: rows written before read these as null).
-        _c("origin", _S, "what produced the node: root | greedy (the parent's greedy candidate) | expand (the parent's first K samples) | widen (a widening round) | widen_tool (a tool-call widening round) | widen_args (an argument variant a widening round added)"),
+        _c("origin", _S, "what produced the node: root | greedy (the parent's greedy candidate) | expand (the parent's first K samples) | widen (a widening round) | widen_tool (a tool-call widening round) | widen_args (an argument variant a widening round added) | contrast (a solved tree's verified final-answer candidate outside the tensor tree, search.solved_contrast)"),
         _c("widen_round", _I, "widening round at the parent that added the edge into this node (0: first K samples); null for the root"),
         _c("transposition_of", _I, "node_id of the earlier node of the tree with an equal state, whose value estimate this node reused"),
         _c("budget_received", _I, "root row only: generated tokens the tree received from solved trees of its batch"),

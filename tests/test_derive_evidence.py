@@ -177,36 +177,49 @@ def test_report_holds_the_audit(tmp_path):
     assert audit.select("run_id", "suite", "pairs", "inverted", "gold_share").rows() == [(RUN, "arithmetic", 1, 1, 0.0)]
 
 
-def test_solved_contrast_visits_a_sibling_before_a_solved_tree_stops(env):
-    """A one-call task: the right call, then two candidate answers, the gold one and a wrong one.
-    Under solved_policy "stop" the tree stops at its first success, before the wrong answer is
-    tried (no step pair); with search.solved_contrast it re-backs the success up (simulations,
-    no tokens) until PUCT expands the wrong answer, and the evidence rule pairs gold over wrong."""
+def contrast_search(env, *, policy: str, contrast: bool, sims: int):
+    """A one-call task (What is 4628 * 289?) searched with rule replies: at the root the right
+    call (multiply) and a wrong one (divide); after multiply the gold answer and a wrong one
+    (12), after divide two wrong answers. Returns (node rows, step pairs, simulations run)."""
     from test_search_features import RulePolicy, config, turn
 
     from dataengine.search import batch_rows, search_batch
     from dataengine.stages import make_reward
     from dataengine.suites import generate_suite
 
-    task = generate_suite("arithmetic", n_train=3, n_heldout=0, seed=0)[1]  # What is 4628 * 289? (one multiply)
-    gold = task.gold.calls[0]
-    right = call(gold.name, gold.arguments["a"], gold.arguments["b"])
-    answers = [str(task.gold.answer), "12"]
+    task = generate_suite("arithmetic", n_train=3, n_heldout=0, seed=0)[1]
+    a, b = task.gold.calls[0].arguments["a"], task.gold.calls[0].arguments["b"]
 
     def reply(conv, seed, i):
-        return right if turn(conv) == 0 else answers[i % 2]
+        if turn(conv) == 0:
+            return [call("multiply", a, b), call("divide", a, b)][i % 2]
+        right = "multiply" in conv.messages[-2].content
+        return ([str(task.gold.answer), "12"] if right else ["4.3", "12"])[i % 2]
 
-    found = {}
-    for contrast in (False, True):
-        cfg = config(search__objective="success", search__num_simulations=40, search__widening=False,
-                     search__solved_policy="stop", search__solved_contrast=contrast)
-        batch = search_batch([task], policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
-        rows = batch_rows(batch, "rules@0")[0]
-        answered = {r["action_text"]: r["visits"] for r in rows if r["parent_id"] == 1}
-        pairs = step_pairs(pl.DataFrame(rows).lazy().with_columns(run_id=pl.lit("r"))).collect()
-        found[contrast] = (answered, pairs, int(batch.tree.num_simulations[0]))
-    assert found[False] == ({answers[0]: 1}, found[False][1], 2) and found[False][1].height == 0
-    answered, pairs, sims = found[True]
-    assert answered == {answers[0]: 4, answers[1]: 1} and sims == 6
-    (pair,) = pairs.iter_rows(named=True)
-    assert answers[0] in pair["chosen_json"] and answers[1] in pair["rejected_json"]
+    cfg = config(search__objective="success", search__num_simulations=sims, search__widening=False,
+                 search__solved_policy=policy, search__solved_contrast=contrast)
+    batch = search_batch([task], policy=RulePolicy(reply), env=env, reward=make_reward(cfg, env), config=cfg, seed=0)
+    rows = batch_rows(batch, "rules@0")[0]
+    tasks = lazy([{"task_id": task.id, "suite": task.suite, "split": "train", "task_json": task.model_dump_json()}],
+                 "tasks")
+    pairs = step_pairs(pl.DataFrame(rows).lazy().with_columns(run_id=pl.lit(RUN)), tasks).collect()
+    return rows, audit_pairs(pairs, tasks.collect()), int(batch.tree.num_simulations[0])
+
+
+@pytest.mark.parametrize(("policy", "sims"), [("stop", 40), ("continue", 8)])
+def test_solved_contrast_probes_the_success_paths_answers(env, policy, sims):
+    """At the success path's answer node the wrong answer (12) was never expanded: the solved
+    tree re-backs the success up instead. solved_contrast steps and verifies it at once (no
+    tokens) as a contrast probe, a terminal node outside the tensor tree, and the evidence rule
+    pairs gold over wrong there too; under "stop" the probe is the answer node's second child,
+    so the tree stops with the root's pair (multiply over divide) already made."""
+    rows, pairs, sims_plain = contrast_search(env, policy=policy, contrast=False, sims=sims)
+    assert [r["origin"] for r in rows].count("contrast") == 0
+    assert pairs["verdict"].to_list() == ["prefers_gold"]
+    rows, pairs, sims_contrast = contrast_search(env, policy=policy, contrast=True, sims=sims)
+    (probe,) = [r for r in rows if r["origin"] == "contrast"]
+    assert (probe["action_text"], probe["visits"], probe["q"], probe["terminal"], probe["success"]) == ("12", 1, 0.0, True, False)
+    answer_node = probe["parent_id"]
+    assert pairs["verdict"].to_list() == ["prefers_gold", "prefers_gold"]
+    assert pairs.filter(pl.col("node_id") == answer_node)["rejected_json"].str.contains('"12"').to_list() == [True]
+    assert sims_contrast <= sims_plain if policy == "stop" else sims_contrast == sims_plain == sims

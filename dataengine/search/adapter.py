@@ -21,7 +21,9 @@ Three batch-level features (docs/search.md has the rules), each a module beside 
 - solved_policy "stop" (solved.py): a tree with a verified success stops (ExpandOutput.stop)
   and its unspent tokens go to the batch's unsolved trees (`TokenBudget.transfer`); with
   `solved_contrast` only once every node on its first success's path that has two candidates
-  has a second child expanded, so step pairs have a visited sibling to set against the success.
+  has a second child expanded, so step pairs have a visited sibling to set against the success;
+  and, stop or continue, contrast probes: the path's unexpanded final-answer candidates are
+  stepped and verified (no tokens) as terminal nodes outside the tensor tree.
 Leaf values, search returns and process reward are leaves.py's; running totals counters.py's.
 This module holds the expand contract (roots, __call__), candidate sampling and the node table.
 
@@ -220,6 +222,7 @@ class LLMExpander:
             elif self.search.process_reward_cap > 0:
                 node.reward, node.verdicts = process_reward(node, self.reward, self.search)
         self.counters.verify_seconds += time.perf_counter() - start
+        self._probe(self.solved.probe_candidates())
 
         open_nodes = [h for h in children if not self.table[h].terminal]
         self._sample_edges(open_nodes)
@@ -247,6 +250,31 @@ class LLMExpander:
         )
 
     # ------------------------------------------------------------------ pieces
+
+    def _probe(self, candidates: list[tuple[int, int]]) -> None:
+        """Contrast probes (`SolvedTrees.probe_candidates`): step each (node, edge) in one
+        `ToolEnv.step_many` and verify the episode it ends; the probe is a terminal node of the
+        table, kept in its parent's `probes` and not in the tensor tree (nothing is backed up,
+        so the search's statistics are those of the search alone)."""
+        if not candidates:
+            return
+        parents = [self.table[h] for h, _ in candidates]
+        start = time.perf_counter()
+        outcomes = self.env.step_many([p.state for p in parents], [p.edges[a].action for p, (_, a) in zip(parents, candidates)])
+        self.counters.env_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        for (h, a), p, out in zip(candidates, parents, outcomes):
+            if not out.state.terminal:  # a final answer ends the episode; anything else is not a probe
+                continue
+            episode = out.state.episode()
+            result = self.reward.score(episode)
+            node = SearchNode(tree=p.tree, state=out.state, parent=h, action_index=a, edge=p.edges[a],
+                              depth=p.depth + 1, terminal=True, reward=result.reward, success=result.success,
+                              verdicts=list(result.verdicts),
+                              probe_value=search_return(self.reward, result, self.search.objective, episode))
+            p.probes[a] = self.table.add(node)
+            self.counters.probes += 1
+        self.counters.verify_seconds += time.perf_counter() - start
 
     def _sample_edges(self, handles: list[int]) -> None:
         """K candidates for each node in one policy call; merged edges; critic scores."""

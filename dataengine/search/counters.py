@@ -17,7 +17,8 @@ class ExpandCounters:
     scored_variants / variant_edges / variant_tokens: argument variants scored, added as edges,
     and the tokens of the added ones (charged to the trees' budgets like sampled tokens);
     transpositions: nodes equal to an earlier node of their tree; values_reused: value
-    estimates taken from such a node instead of estimated.
+    estimates taken from such a node instead of estimated; probes: contrast probes (terminal
+    nodes outside the tensor tree, `SearchConfig.solved_contrast`).
     """
 
     calls: int = 0
@@ -32,6 +33,7 @@ class ExpandCounters:
     variant_tokens: int = 0
     transpositions: int = 0
     values_reused: int = 0
+    probes: int = 0
     env_seconds: float = 0.0
     verify_seconds: float = 0.0
     value_seconds: float = 0.0

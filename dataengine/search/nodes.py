@@ -100,6 +100,11 @@ class SearchNode:
         key -> sample); variant_sources: keys of the edges whose variants are in the pool or added.
     tool_names: the task's tools, likeliest first under the policy at this state (tool-name
         rounds, `SearchConfig.widen_tool_names`); None until the first such round is due.
+    probes: edge index -> handle of a contrast probe through it (`SearchConfig.solved_contrast`:
+        an unexpanded final-answer candidate of a success path's node, stepped and verified
+        outside the tensor tree).
+    probe_value: a probe's search return (what it would back up as a child); None for the
+        tensor tree's nodes.
     """
 
     tree: int
@@ -122,15 +127,19 @@ class SearchNode:
     variant_pool: dict[str, Sample] = field(default_factory=dict)
     tool_names: list[str] | None = None
     variant_sources: set[str] = field(default_factory=set)
+    probes: dict[int, int] = field(default_factory=dict)
+    probe_value: float | None = None
 
     @property
     def origin(self) -> str:
         """What produced the node: "root", "greedy" (the parent's greedy candidate), "expand" (an
         edge of the parent's first K samples), "widen" (an edge a widening round added at the
         parent), "widen_tool" (one a tool-call widening round added) or "widen_args" (an
-        argument variant a widening round added)."""
+        argument variant a widening round added); "contrast" for a contrast probe."""
         if self.edge is None:
             return "root"
+        if self.probe_value is not None:
+            return "contrast"
         if self.edge.greedy:
             return "greedy"
         if self.edge.round == 0:

@@ -69,8 +69,9 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
     = reward + discount * V(node) read from the searched tensors (the root's q is its V);
     visits is N(node). origin / widen_round say which feature produced the node,
     transposition_of names the node whose value estimate it reused, and the root row holds
-    the tree's budget_received / budget_given. Every terminal node gives one trajectory
-    (source "mcts").
+    the tree's budget_received / budget_given. Contrast probes (`SearchNode.probes`) follow
+    the tensor tree's nodes (origin "contrast", 1 visit, q their search return). Every
+    terminal node gives one trajectory (source "mcts").
     """
     count = int(tree.num_nodes[b])
     handles = tree.node_handle[b, :count].tolist()
@@ -80,6 +81,15 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
     values = tree.node_values[b, :count].tolist()
     rewards = tree.children_rewards[b]
     discounts = tree.children_discounts[b]
+    # Contrast probes follow the tensor tree's nodes: parent = the node they were probed at,
+    # q = their search return, 1 visit. A probe whose edge the search expanded later is dropped.
+    probes = [(ph, n, a) for n, h in enumerate(handles) for a, ph in sorted(table[h].probes.items())
+              if a not in table[h].children]
+    for ph, n, a in probes:
+        handles.append(ph)
+        parents.append(n)
+        actions.append(a)
+        visits.append(1)
     index = {h: n for n, h in enumerate(handles)}
     root = table[handles[0]]
     task = root.state.task
@@ -91,6 +101,8 @@ def tree_rows(table: NodeTable, tree: mcts.Tree, b: int, *, model_id: str) -> tu
         p, a = parents[n], actions[n]
         if p == mcts.NO_PARENT:
             q, prior = values[n], None
+        elif n >= count:
+            q, prior = float(node.probe_value), edge_priors(table[handles[p]].edges)[a]  # type: ignore[arg-type]
         else:
             q = float(rewards[p, a]) + float(discounts[p, a]) * values[n]
             prior = edge_priors(table[handles[p]].edges)[a]

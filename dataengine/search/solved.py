@@ -1,6 +1,8 @@
-"""Solved trees: which trees of the batch hold a verified success, and under solved_policy
-"stop" the budget transfer (a solved tree stops and its unspent tokens go to the batch's
-unsolved trees, `TokenBudget.transfer`)."""
+"""Solved trees: which trees of the batch hold a verified success, under solved_policy "stop"
+the budget transfer (a solved tree stops and its unspent tokens go to the batch's unsolved
+trees, `TokenBudget.transfer`), and with solved_contrast the siblings step pairs set against
+the success: contrast probes (the success path's unexpanded final-answer candidates, verified
+at no token cost) and, under "stop", a second child at each of the path's nodes."""
 
 from __future__ import annotations
 
@@ -25,12 +27,14 @@ class SolvedTrees:
         self.solved: list[bool] = []
         self.stopped: list[bool] = []
         self.path: list[list[int]] = []
+        self.probed: list[bool] = []
 
     def reset(self, num_trees: int) -> None:
         """A new batch of `num_trees` trees, none solved."""
         self.solved = [False] * num_trees
         self.stopped = [False] * num_trees
         self.path = [[] for _ in range(num_trees)]
+        self.probed = [False] * num_trees
 
     def solves(self, value: float) -> bool:
         """A successful terminal (backing up `value`) solves its tree, except under objective
@@ -67,4 +71,25 @@ class SolvedTrees:
         tokens) re-backing it up, and PUCT's exploration term reaches a sibling as visits grow."""
         if not self.search.solved_contrast:
             return True
-        return all(len(self.table[h].children) >= 2 for h in self.path[tree][:-1] if len(self.table[h].edges) >= 2)
+        return all(len(self.table[h].children) + len(self.table[h].probes) >= 2
+                   for h in self.path[tree][:-1] if len(self.table[h].edges) >= 2)
+
+    def probe_candidates(self) -> list[tuple[int, int]]:
+        """solved_contrast: (node handle, edge index) of every candidate on a newly solved
+        tree's first success path that has no child and answers without a tool call (parsed
+        final answer). Stepping one ends the episode, so the verifier judges it at no token
+        cost and the success's step pair at that node gets a verified failure beside it; a
+        candidate that calls a tool would need more turns (tokens) before any verdict, and is
+        left to the search. Each tree is probed once, at its first success."""
+        if not self.search.solved_contrast:
+            return []
+        out = []
+        for t, solved in enumerate(self.solved):
+            if not solved or self.probed[t]:
+                continue
+            self.probed[t] = True
+            for h in self.path[t][:-1]:
+                node = self.table[h]
+                out.extend((h, a) for a, e in enumerate(node.edges)
+                           if a not in node.children and a not in node.probes and e.action.is_final)
+        return out
