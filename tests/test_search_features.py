@@ -85,6 +85,9 @@ def config(**overrides) -> EngineConfig:
         "search__max_actions": 6,
         "search__value": "zero",
         "search__max_generated_tokens": 10_000,
+        # The trees these tests check sample every candidate at temperature 1.
+        "search__greedy_candidate": False,
+        "policy__temperature": 1.0,
     }
     base.update(overrides)
     return load_config(None, **base)
@@ -493,7 +496,7 @@ def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
 @pytest.mark.parametrize(
     "field, value",
     [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
-     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", True),
+     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", False),
      ("widen_tool_names", True)],
 )
 def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
