@@ -21,6 +21,7 @@ import torch
 from dataengine.config import EngineConfig, load_config
 from dataengine.policy import Conversation, Policy, PolicyStats, Sample
 from dataengine.policy.base import conv_seeds
+from dataengine.policy.hf import HFPolicy
 from dataengine.search import LLMExpander, TokenBudget, batch_rows, search_batch
 from dataengine.search.nodes import transposition_key, widen_cap
 from dataengine.stages import make_reward
@@ -300,6 +301,36 @@ class GreedyRulePolicy(RulePolicy):
             return super().sample(convs, k, **kwargs)
         finally:
             self.reply = sampled
+
+
+class SeparateCalls(HFPolicy):
+    """The hf backend with `sample_together` as one `sample` call per request (the interface's
+    default, what the search did before decoding an iteration's requests together)."""
+
+    def sample_together(self, requests, *, max_new_tokens=128):
+        return Policy.sample_together(self, requests, max_new_tokens=max_new_tokens)
+
+
+def test_requests_decoded_together_give_the_same_trees_as_one_call_each(env, tiny, tasks):
+    """With the greedy candidate and widening (the defaults), the search decodes an expansion's
+    greedy and sampled rows, and an iteration's widening rounds, in one policy loop each: the
+    trees (tensors, edges, priors, log-probs) are those of one `sample` call per request, in
+    fewer calls."""
+    cfg = config(search__num_simulations=12, search__greedy_candidate=True, policy__temperature=0.7)
+    reward = make_reward(cfg, env)
+
+    def run(policy):
+        policy.stats.reset()
+        batch = search_batch(tasks[:2], policy=policy, env=env, reward=reward, config=cfg, seed=0)
+        edges = [[(e.sample.token_ids, e.sample.logprobs, e.count, e.mass, e.greedy, e.round) for e in n.edges] for n in batch.table.nodes]
+        return batch, edges, policy.stats.calls
+
+    together, edges, calls = run(tiny)
+    separate, edges_separate, calls_separate = run(SeparateCalls(tiny.model, tiny.tokenizer))
+    assert edges == edges_separate and any(n.widen_rounds for n in together.table.nodes)
+    for field in dataclasses.fields(together.tree):
+        assert torch.equal(getattr(together.tree, field.name), getattr(separate.tree, field.name)), field.name
+    assert calls < calls_separate
 
 
 def test_greedy_candidate_puts_the_greedy_decode_first_at_every_expansion(env):
