@@ -124,6 +124,10 @@ class SearchConfig(Section):
     num_actions: int = Field(2, ge=1, description="K: candidate actions sampled per expansion")
     max_depth: int = Field(6, ge=1, description="deepest node searched (assistant turns)")
     leaves_per_iteration: int = Field(1, ge=1, description="L: leaves per tree per iteration")
+    min_leaves: int = Field(
+        0, ge=0, description="with L > 1: new leaves per iteration across the batch to keep while trees finish, "
+        "ceil(min_leaves / searching trees) per tree, 1 to L (0: L per tree always)",
+    )
     pb_c_init: float = Field(1.25, description="PUCT c1")
     pb_c_base: float = Field(19652.0, description="PUCT c2")
     dirichlet_alpha: float = Field(0.3, gt=0, description="root noise concentration")

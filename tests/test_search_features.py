@@ -528,7 +528,7 @@ def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
     "field, value",
     [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
      ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", False),
-     ("widen_tool_names", True)],
+     ("widen_tool_names", True), ("min_leaves", 8)],
 )
 def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
     base = EngineConfig()
