@@ -17,10 +17,13 @@ rollouts and critic calls is charged to its task). Per method and suite it print
   trajectories (by trajectory hash) per million tokens, and solved tasks per million tokens,
   each with a 95% bootstrap interval over tasks (ratio of sums, 2,000 resamples);
 - the ratio MCTS / best-of-N of each, with a paired bootstrap interval (same tasks resampled);
-- tokens spent, solved tasks and wall time.
+- tokens spent, solved tasks, wall time, generated tokens per second of wall time and solved
+  tasks per wall-minute (its MCTS / best-of-N ratio with a paired bootstrap interval over tasks;
+  the wall times are the runs' own, one each, so the interval covers the tasks, not the timing).
 
 Targets: MCTS at least 2x best-of-N in successes per M tokens and at least 1.3x in
-solved tasks per M tokens on at least two of the four suites.
+solved tasks per M tokens on at least two of the four suites; in wall time, MCTS generated
+tok/s at least 0.9x best-of-N's and solved tasks per wall-minute at least 1.3x.
 """
 
 from __future__ import annotations
@@ -85,6 +88,21 @@ def paired_ratio(a: list[tuple[int, ...]], b: list[tuple[int, ...]], column: int
         denominator = rate([b[i] for i in picks], column)
         if denominator > 0:
             ratios.append(rate([a[i] for i in picks], column) / denominator)
+    return interval(ratios) if len(ratios) > RESAMPLES // 2 else None
+
+
+def paired_count_ratio(a: list[tuple[int, ...]], b: list[tuple[int, ...]], column: int, scale: float,
+                       seed: int) -> tuple[float, float] | None:
+    """Paired bootstrap interval of scale * sum(a[column]) / sum(b[column]) over tasks (solved
+    per wall-minute: scale is best-of-N's wall time over MCTS's)."""
+    rng = random.Random(seed)
+    n = len(a)
+    ratios = []
+    for _ in range(RESAMPLES):
+        picks = [rng.randrange(n) for _ in range(n)]
+        denominator = sum(b[i][column] for i in picks)
+        if denominator > 0:
+            ratios.append(scale * sum(a[i][column] for i in picks) / denominator)
     return interval(ratios) if len(ratios) > RESAMPLES // 2 else None
 
 
@@ -203,7 +221,8 @@ def main() -> None:
 def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
     columns = ((0, "succ/Mtok"), (1, "distinct/Mtok"), (2, "solved/Mtok"))
     print()
-    print(f"{'suite':<10} {'method':<21} {'tokens':>7} {'solved':>7} " + " ".join(f"{n + ' [95% CI]':>22}" for _, n in columns))
+    print(f"{'suite':<10} {'method':<21} {'tokens':>7} {'solved':>7} {'wall s':>7} {'tok/s':>6} {'solved/min':>10} "
+          + " ".join(f"{n + ' [95% CI]':>22}" for _, n in columns))
     for suite, by_method in results.items():
         for method in methods:
             r = by_method[method]
@@ -212,7 +231,10 @@ def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
             for column, _ in columns:
                 low, high = bootstrap(rows, column, args.seed)
                 cells.append(f"{rate(rows, column):>6.0f} [{low:>5.0f}, {high:>5.0f}]".rjust(22))
-            print(f"{suite:<10} {method:<21} {r['tokens']:>7} {sum(x[2] for x in rows):>3}/{len(rows):<3} " + " ".join(cells))
+            seconds = max(r["seconds"], 1e-9)
+            print(f"{suite:<10} {method:<21} {r['tokens']:>7} {sum(x[2] for x in rows):>3}/{len(rows):<3} "
+                  f"{seconds:>7.1f} {r['tokens'] / seconds:>6.1f} {60 * sum(x[2] for x in rows) / seconds:>10.2f} "
+                  + " ".join(cells))
     if "best_of_n" not in methods:
         return
     print()
@@ -227,6 +249,13 @@ def report(results: dict, methods: list[str], args: argparse.Namespace) -> None:
                 ci = paired_ratio(rows, bon, column, args.seed)
                 shown = f"{rate(rows, column) / b:.2f}x" if b else "n/a (best-of-N found none)"
                 parts.append(f"{name} {shown}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and b else ""))
+            m, o = by_method[method], by_method["best_of_n"]
+            parts.append(f"tok/s {(m['tokens'] / m['seconds']) / (o['tokens'] / o['seconds']):.2f}x")
+            scale = o["seconds"] / m["seconds"]
+            solved_b = sum(x[2] for x in bon)
+            ci = paired_count_ratio(rows, bon, 2, scale, args.seed)
+            shown = f"{scale * sum(x[2] for x in rows) / solved_b:.2f}x" if solved_b else "n/a (best-of-N solved none)"
+            parts.append(f"solved/wall-min {shown}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and solved_b else ""))
             print(f"  {suite:<10} {method:<21} " + "; ".join(parts))
 
 

@@ -112,8 +112,8 @@ class PolicyConfig(Section):
             raise ValueError("backend 'openai' needs base_url (--base-url URL), e.g. http://127.0.0.1:8000/v1")
         return self
     device: str = Field("auto", description="'auto' (cuda if present), 'cpu' or 'cuda'")
-    max_new_tokens: int = Field(96, ge=1, description="tokens generated per action at most")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature (0 = greedy)")
+    max_new_tokens: int = Field(48, ge=1, description="tokens generated per action at most")
+    temperature: float = Field(0.7, ge=0, description="sampling temperature (0 = greedy)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     few_shot: bool = Field(True, description="include the worked examples in the system prompt")
 
@@ -121,15 +121,19 @@ class PolicyConfig(Section):
 class SearchConfig(Section):
     algorithm: Literal["puct", "uct", "gumbel"] = Field("puct", description="selection rule")
     num_simulations: int = Field(16, ge=1, description="simulations per tree")
-    num_actions: int = Field(4, ge=1, description="K: candidate actions sampled per expansion")
+    num_actions: int = Field(2, ge=1, description="K: candidate actions sampled per expansion")
     max_depth: int = Field(6, ge=1, description="deepest node searched (assistant turns)")
     leaves_per_iteration: int = Field(1, ge=1, description="L: leaves per tree per iteration")
+    min_leaves: int = Field(
+        0, ge=0, description="with L > 1: new leaves per iteration across the batch to keep while trees finish, "
+        "ceil(min_leaves / searching trees) per tree, 1 to L (0: L per tree always)",
+    )
     pb_c_init: float = Field(1.25, description="PUCT c1")
     pb_c_base: float = Field(19652.0, description="PUCT c2")
     dirichlet_alpha: float = Field(0.3, gt=0, description="root noise concentration")
     dirichlet_fraction: float = Field(0.25, ge=0, le=1, description="root noise weight")
     value: Literal["rollout", "critic", "value_model", "zero", "reference"] = Field(
-        "rollout",
+        "zero",
         description="value estimate for non-terminal leaves; 'reference' is oracle-assisted (progress along the "
         "task's reference calls, for labelled training tasks only)",
     )
@@ -185,7 +189,7 @@ class SearchConfig(Section):
         True, description="a node whose state equals an earlier node of its tree reuses that node's value estimate"
     )
     greedy_candidate: bool = Field(
-        False,
+        True,
         description="the first of a node's K candidates is the policy's greedy continuation (temperature 0), "
         "the other K - 1 are sampled: every tree holds the greedy path",
     )

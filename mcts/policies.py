@@ -95,6 +95,7 @@ def muzero_policy(
     max_depth: int | None = None,
     max_nodes: int | None = None,
     leaves_per_iteration: int = 1,
+    min_leaves: int = 0,
     virtual_loss: float = 1.0,
     dirichlet_fraction: float = DIRICHLET_FRACTION,
     dirichlet_alpha: float = DIRICHLET_ALPHA,
@@ -115,6 +116,8 @@ def muzero_policy(
     Widening the root replaces its logits, root noise included.
     graphs: CUDA graphs for selection and backup (mcts.search; default on for CUDA with L = 1).
     compiled: on CPU, the same fixed-step loop through torch.compile (mcts.search).
+    min_leaves: with leaves_per_iteration L > 1, leaves per iteration across the batch to keep
+      while trees finish (mcts.search; 0: L per tree always).
     """
     tree = _start(root, num_simulations, max_nodes, device)
     generator = make_generator(seed, tree.device)
@@ -137,6 +140,7 @@ def muzero_policy(
         max_depth=max_depth,
         max_nodes=max_nodes,
         leaves_per_iteration=leaves_per_iteration,
+        min_leaves=min_leaves,
         virtual_loss=virtual_loss,
         generator=generator,
         widen_fn=widen_fn,
@@ -156,6 +160,7 @@ def uct_policy(
     max_depth: int | None = None,
     max_nodes: int | None = None,
     leaves_per_iteration: int = 1,
+    min_leaves: int = 0,
     virtual_loss: float = 1.0,
     c_exp: float = C_EXP,
     qtransform: QTransform = qtransform_by_parent_and_siblings,
@@ -178,6 +183,7 @@ def uct_policy(
         max_depth=max_depth,
         max_nodes=max_nodes,
         leaves_per_iteration=leaves_per_iteration,
+        min_leaves=min_leaves,
         virtual_loss=virtual_loss,
         generator=generator,
         widen_fn=widen_fn,
@@ -197,6 +203,7 @@ def gumbel_muzero_policy(
     max_depth: int | None = None,
     max_nodes: int | None = None,
     leaves_per_iteration: int = 1,
+    min_leaves: int = 0,
     virtual_loss: float = 1.0,
     max_num_considered_actions: int = MAX_NUM_CONSIDERED_ACTIONS,
     gumbel_scale: float = 1.0,
@@ -242,6 +249,7 @@ def gumbel_muzero_policy(
         max_depth=max_depth,
         max_nodes=max_nodes,
         leaves_per_iteration=leaves_per_iteration,
+        min_leaves=min_leaves,
         virtual_loss=virtual_loss,
         generator=generator,
         widen_fn=widen_fn,

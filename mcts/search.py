@@ -228,6 +228,7 @@ def search(
     max_depth: int | None = None,
     max_nodes: int | None = None,
     leaves_per_iteration: int = 1,
+    min_leaves: int = 0,
     virtual_loss: float = 1.0,
     generator: torch.Generator | None = None,
     widen_fn: WidenFn | None = None,
@@ -247,6 +248,10 @@ def search(
     max_depth: deepest node depth; nodes there are leaves (None: unbounded).
     max_nodes: node capacity; default grows the tree to fit every simulation. A tree that is
       full stops early.
+    min_leaves: with L > 1, each iteration selects ceil(min_leaves / searching trees) paths per
+      searching tree, at least 1 and at most L, so one expand call keeps about min_leaves new
+      leaves while trees finish, and a batch of many trees still takes one leaf each (0: L
+      paths per tree in every iteration, as without it).
     virtual_loss: virtual visits added per pending traversal (only used when L > 1).
     generator: torch.Generator on the tree's device for tie-breaking; seeds the search.
     widen_fn: progressive widening (see WidenFn); after each iteration's backups it is offered
@@ -279,6 +284,8 @@ def search(
         raise ValueError(f"num_simulations must be >= 0, got {num_simulations}")
     if leaves_per_iteration < 1:
         raise ValueError(f"leaves_per_iteration must be >= 1, got {leaves_per_iteration}")
+    if min_leaves < 0:
+        raise ValueError(f"min_leaves must be >= 0, got {min_leaves}")
     if max_depth is not None and max_depth < 1:
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     capacity = int(tree.num_nodes.max()) + num_simulations if max_nodes is None else max_nodes
@@ -312,7 +319,8 @@ def search(
     _search_eager(
         tree, expand_fn, root_action_selection_fn=root_action_selection_fn,
         interior_action_selection_fn=interior_action_selection_fn, done=done, target=target, max_depth=max_depth,
-        leaves_per_iteration=big_l, virtual_loss=virtual_loss, generator=generator, widen_fn=widen_fn,
+        leaves_per_iteration=big_l, min_leaves=min_leaves, virtual_loss=virtual_loss, generator=generator,
+        widen_fn=widen_fn,
     )
     return tree
 
@@ -330,11 +338,12 @@ def _search_eager(
     virtual_loss: float,
     generator: torch.Generator | None,
     widen_fn: WidenFn | None,
+    min_leaves: int = 0,
 ) -> None:
     """search()'s eager runner, in place: L = leaves_per_iteration paths per tree and iteration
     under virtual loss, one expand call, L backups along the known paths, then widening.
     done: `[B]` bool, trees that no longer search (updated in place); target: `[B]` int64,
-    the root visits at which a tree stops."""
+    the root visits at which a tree stops; min_leaves as search()'s."""
     b, n, k = tree.batch_size, tree.max_nodes, tree.num_actions
     big_l = leaves_per_iteration
     vl = None
@@ -350,7 +359,11 @@ def _search_eager(
         n_new = torch.zeros(b, dtype=torch.int64, device=tree.device)
         paths: list[SelectedPath] = []
         new_masks, revisit_masks = [], []
-        for _ in range(big_l):
+        leaves = big_l
+        if min_leaves and big_l > 1:
+            searching = max(1, int((~done).sum()))
+            leaves = min(big_l, max(1, -(-min_leaves // searching)))
+        for _ in range(leaves):
             active = ~done & (sims + counted < target)
             path = select_path(
                 tree,
@@ -377,7 +390,7 @@ def _search_eager(
         # A searching tree whose every path was dropped is full: it stops.
         done = done | (~done & (counted == 0))
         valid = torch.stack(new_masks, 1)
-        new_index = torch.full((b, big_l), UNVISITED, dtype=torch.int64, device=tree.device)
+        new_index = torch.full((b, leaves), UNVISITED, dtype=torch.int64, device=tree.device)
         stopped = torch.zeros(b, dtype=torch.bool, device=tree.device)
         if bool(valid.any()):
             parents = torch.stack([p.parent for p in paths], 1)

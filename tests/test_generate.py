@@ -35,8 +35,9 @@ def test_shards_name_task_ranges(tasks):
 
 
 def test_generate_writes_trees_lineage_and_resumes(tmp_path, env, tiny, tasks):
-    # Without widening the tiny model's trees sample only at their roots (counted below).
-    cfg = config(tmp_path / "store", search__widening=False)
+    # Without widening and the greedy candidate the tiny model's trees sample only at their roots
+    # (counted below): its K samples merge into one terminal edge.
+    cfg = config(tmp_path / "store", search__widening=False, search__greedy_candidate=False)
     first = generate(cfg, tasks=tasks[:2], run_id="r1", policy=tiny, env=env, progress=False)
     assert first.shards_written == 1 and first.trees == 2
     store = Store(tmp_path / "store")
@@ -202,7 +203,7 @@ def test_run_id_follows_every_output_setting(tmp_path, tasks):
     base = default_run_id(config(tmp_path / "a"), tasks[:2])
     changed = {
         "generate__rollouts": 3, "generate__n": 5, "generate__method": "best_of_n", "generate__prior": "frequency",
-        "policy__temperature": 0.7, "search__num_simulations": 4, "seed": 1, "reward__weights": {"format": 0.1},
+        "policy__temperature": 0.5, "search__num_simulations": 4, "seed": 1, "reward__weights": {"format": 0.1},
     }
     for key, value in changed.items():
         assert default_run_id(config(tmp_path / "a", **{key: value}), tasks[:2]) != base, key

@@ -110,6 +110,35 @@ def test_virtual_loss_spreads_one_iteration_over_distinct_leaves():
     assert sorted(calls[0][0][0].tolist()) == [0, 1, 2, 3]
 
 
+def test_min_leaves_keeps_the_batch_wide_as_trees_finish():
+    """min_leaves with L = 4 over 4 trees: while all 4 search, one leaf each, the trees of
+    L = 1 bit for bit; min_leaves = 16 gives the trees of L = 4; once the trees given fewer
+    simulations stop, the others take more leaves per call."""
+    env = SyntheticEnv(num_actions=6, depth=4, invalid_fraction=0.0)
+    calls = []
+
+    def expand_fn(parent_handles, actions, valid):
+        calls.append(valid.sum(1).tolist())
+        return env.expand(parent_handles, actions, valid)
+
+    def run(leaves, min_leaves=0, root=None, sims=24, fn=env.expand):
+        root = env.root(4) if root is None else root
+        return mcts.muzero_policy(root, fn, num_simulations=sims, leaves_per_iteration=leaves, min_leaves=min_leaves, seed=5).search_tree
+
+    for (a, b) in ((run(1), run(4, min_leaves=4)), (run(4), run(4, min_leaves=16))):
+        for name, t in a.tensors().items():
+            assert torch.equal(t, b.tensors()[name]), name
+    # Two trees whose root is terminal never search: the other two take 2 leaves per call.
+    root = env.root(4)
+    logits = root.prior_logits.clone()
+    logits[:2] = float("-inf")
+    calls.clear()
+    tree = run(4, min_leaves=4, root=mcts.RootInput(prior_logits=logits, value=root.value, handle=root.handle), fn=expand_fn)
+    assert calls[0] == [0, 0, 2, 2] and int(tree.num_simulations[2:].min()) == 24
+    with pytest.raises(ValueError, match="min_leaves"):
+        run(4, min_leaves=-1)
+
+
 def test_collisions_are_dropped_and_budget_is_exact():
     # Two actions, eight leaves per iteration: most paths collide and are dropped.
     env = SyntheticEnv(num_actions=2, depth=6, invalid_fraction=0.0)

@@ -87,6 +87,9 @@ def config(**overrides):
         'search__num_actions': 3,
         'search__value': "zero",
         'search__max_generated_tokens': 10_000,
+        # The trees these tests check by hand sample every candidate at temperature 1.
+        'search__greedy_candidate': False,
+        'policy__temperature': 1.0,
     }
     base.update(overrides)
     return load_config(None, **base)

@@ -21,6 +21,7 @@ import torch
 from dataengine.config import EngineConfig, load_config
 from dataengine.policy import Conversation, Policy, PolicyStats, Sample
 from dataengine.policy.base import conv_seeds
+from dataengine.policy.hf import HFPolicy
 from dataengine.search import LLMExpander, TokenBudget, batch_rows, search_batch
 from dataengine.search.nodes import transposition_key, widen_cap
 from dataengine.stages import make_reward
@@ -85,6 +86,9 @@ def config(**overrides) -> EngineConfig:
         "search__max_actions": 6,
         "search__value": "zero",
         "search__max_generated_tokens": 10_000,
+        # The trees these tests check sample every candidate at temperature 1.
+        "search__greedy_candidate": False,
+        "policy__temperature": 1.0,
     }
     base.update(overrides)
     return load_config(None, **base)
@@ -299,6 +303,36 @@ class GreedyRulePolicy(RulePolicy):
             self.reply = sampled
 
 
+class SeparateCalls(HFPolicy):
+    """The hf backend with `sample_together` as one `sample` call per request (the interface's
+    default, what the search did before decoding an iteration's requests together)."""
+
+    def sample_together(self, requests, *, max_new_tokens=128):
+        return Policy.sample_together(self, requests, max_new_tokens=max_new_tokens)
+
+
+def test_requests_decoded_together_give_the_same_trees_as_one_call_each(env, tiny, tasks):
+    """With the greedy candidate and widening (the defaults), the search decodes an expansion's
+    greedy and sampled rows, and an iteration's widening rounds, in one policy loop each: the
+    trees (tensors, edges, priors, log-probs) are those of one `sample` call per request, in
+    fewer calls."""
+    cfg = config(search__num_simulations=12, search__greedy_candidate=True, policy__temperature=0.7)
+    reward = make_reward(cfg, env)
+
+    def run(policy):
+        policy.stats.reset()
+        batch = search_batch(tasks[:2], policy=policy, env=env, reward=reward, config=cfg, seed=0)
+        edges = [[(e.sample.token_ids, e.sample.logprobs, e.count, e.mass, e.greedy, e.round) for e in n.edges] for n in batch.table.nodes]
+        return batch, edges, policy.stats.calls
+
+    together, edges, calls = run(tiny)
+    separate, edges_separate, calls_separate = run(SeparateCalls(tiny.model, tiny.tokenizer))
+    assert edges == edges_separate and any(n.widen_rounds for n in together.table.nodes)
+    for field in dataclasses.fields(together.tree):
+        assert torch.equal(getattr(together.tree, field.name), getattr(separate.tree, field.name)), field.name
+    assert calls < calls_separate
+
+
 def test_greedy_candidate_puts_the_greedy_decode_first_at_every_expansion(env):
     """The greedy decode solves the task and the samples never do (they call with wrong numbers):
     plain sampled candidates find no success; with `greedy_candidate` every expanded node's
@@ -493,8 +527,8 @@ def test_same_seed_same_trees_with_every_feature(env, tiny, tasks):
 @pytest.mark.parametrize(
     "field, value",
     [("widening", False), ("widen_c", 1.0), ("widen_alpha", 0.7), ("max_actions", 8), ("transpositions", False),
-     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", True),
-     ("widen_tool_names", True)],
+     ("solved_policy", "stop"), ("widen_tool_call", False), ("objective", "success"), ("greedy_candidate", False),
+     ("widen_tool_names", True), ("min_leaves", 8)],
 )
 def test_every_new_search_setting_is_in_the_generate_run_id(field, value, tasks):
     base = EngineConfig()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dataengine.cli import app
 from dataengine.env import ToolEnv
-from dataengine.policy import Conversation, Sample, make_policy
+from dataengine.policy import Conversation, Policy, Sample, make_policy
 from dataengine.policy.hf import HFPolicy
 from dataengine.search import search_batch
 from dataengine.search.run import run_shard, write_shard
@@ -128,6 +128,10 @@ class CallingTiny(HFPolicy):
                 s = row[0]
                 row[0] = Sample(CALL, s.token_ids, s.logprobs, s.logprob, s.num_tokens, "stop")
         return rows
+
+    def sample_together(self, requests, *, max_new_tokens=128):
+        # One `sample` per request, so the call is put in here too (the greedy candidate's requests).
+        return Policy.sample_together(self, requests, max_new_tokens=max_new_tokens)
 
 
 class RecordingHead(ValueModel):

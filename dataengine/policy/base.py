@@ -89,6 +89,20 @@ class Sample:
         return self.logprob / max(1, self.num_tokens)
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """The arguments of one `sample` call, to decode beside others (`Policy.sample_together`):
+    k samples of each of `convs` at `temperature` and `top_p`, with `seed` (one, or one per
+    conversation) after the forced `prefix`."""
+
+    convs: Sequence[Conversation]
+    k: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | Sequence[int] = 0
+    prefix: str = ""
+
+
 @dataclass
 class PolicyStats:
     """Counters for budget accounting and benchmarks; they only grow (see `reset`).
@@ -148,6 +162,17 @@ class Policy(ABC):
             continues after it. The samples' text, token ids and log-probs include the prefix
             (its log-probs are the model's, from `score`; see `join_prefix`).
         """
+
+    def sample_together(self, requests: Sequence[SampleRequest], *, max_new_tokens: int = 128) -> list[list[list[Sample]]]:
+        """The samples of several `sample` calls, `[len(requests)][len(r.convs)][r.k]`: each
+        request's are those `sample` returns for it alone. A backend that decodes the requests
+        together (hf: one decode loop, so a step's cost is paid once for all their rows)
+        overrides this; the default calls `sample` once per request."""
+        return [
+            self.sample(r.convs, r.k, max_new_tokens=max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                        seed=r.seed, prefix=r.prefix)
+            for r in requests
+        ]
 
     @abstractmethod
     def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:

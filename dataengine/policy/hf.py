@@ -36,6 +36,7 @@ from dataengine.policy.base import (
     Policy,
     PolicyStats,
     Sample,
+    SampleRequest,
     Timer,
     check_sampling_args,
     conv_seeds,
@@ -150,7 +151,6 @@ class HFPolicy(Policy):
 
     # ---- public API ------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def sample(
         self,
         convs: Sequence[Conversation],
@@ -162,19 +162,43 @@ class HFPolicy(Policy):
         seed: int | Sequence[int] = 0,
         prefix: str = "",
     ) -> list[list[Sample]]:
-        check_sampling_args(k, max_new_tokens, temperature, top_p)
-        if not convs:
-            return []
-        seeds = conv_seeds(seed, len(convs))
-        forced = score_prefix(self, convs, prefix)  # scored first (its log-probs), then continued from
+        request = SampleRequest(convs, k, temperature=temperature, top_p=top_p, seed=seed, prefix=prefix)
+        return self._sample_requests([request], max_new_tokens)[0]
+
+    def sample_together(self, requests: Sequence[SampleRequest], *, max_new_tokens: int = 128) -> list[list[list[Sample]]]:
+        """All requests' rows in one decode loop (batches of at most max_batch_rows rows); each
+        row keeps its own request's temperature, top-p, seed and sample index, so the samples are
+        bit-identical to one `sample` call per request."""
+        return self._sample_requests(requests, max_new_tokens)
+
+    @torch.inference_mode()
+    def _sample_requests(self, requests: Sequence[SampleRequest], max_new_tokens: int) -> list[list[list[Sample]]]:
+        for r in requests:
+            check_sampling_args(r.k, max_new_tokens, r.temperature, r.top_p)
+        live = [r for r in requests if r.convs]
+        if not live:
+            return [[] for _ in requests]
+        # Prefixes are scored first (their log-probs), then continued from.
+        forced = [score_prefix(self, r.convs, r.prefix) for r in live]
         with self._lock, Timer(self.stats), self._switched():
             self.stats.calls += 1
-            prompts = with_prefix([self.encode(c) for c in convs], forced)
-            out: list[list[Sample]] = [[] for _ in convs]
-            # Groups: (conversation, sample indices), at most `slots` samples each, whole groups
+            # One flat prompt per (request, conversation), with its seed and sampling settings.
+            prompts: list[list[int]] = []
+            seeds: list[int] = []
+            sampling: list[tuple[float, float]] = []
+            owner: list[tuple[int, int, int]] = []  # flat prompt -> (request, conversation, k)
+            for q, (r, f) in enumerate(zip(live, forced)):
+                prompts += with_prefix([self.encode(c) for c in r.convs], f)
+                seeds += conv_seeds(r.seed, len(r.convs))
+                sampling += [(r.temperature, r.top_p)] * len(r.convs)
+                owner += [(q, c, r.k) for c in range(len(r.convs))]
+            out: list[list[list[Sample]]] = [[[] for _ in r.convs] for r in live]
+            # Groups: (flat prompt, sample indices), at most `slots` samples each, whole groups
             # per decode batch.
-            slots = min(k, MAX_SLOTS)
-            groups = [(c, list(range(s, min(k, s + slots)))) for c in range(len(convs)) for s in range(0, k, slots)]
+            # At least 4 query rows per decode product (see kv): slots * query heads per kv head
+            # >= 4, so a row's numbers are the same whatever slot count the call's requests need.
+            slots = max([-(-4 // self.group_heads)] + [min(r.k, MAX_SLOTS) for r in live])
+            groups = [(p, list(range(s, min(k, s + slots)))) for p, (_, _, k) in enumerate(owner) for s in range(0, k, slots)]
             limit = max(self.max_batch_rows, slots)
             batch: list[tuple[int, list[int]]] = []
             for group in groups + [None]:  # type: ignore[list-item]
@@ -182,12 +206,14 @@ class HFPolicy(Policy):
                     batch.append(group)
                     continue
                 if batch:
-                    samples = self._generate(prompts, batch, slots, max_new_tokens, temperature, top_p, seeds)
-                    for (c, _), s in zip([(c, i) for c, idx in batch for i in idx], samples):
-                        out[c].append(s)
+                    samples = self._generate(prompts, batch, slots, max_new_tokens, sampling, seeds)
+                    for (p, _), s in zip([(p, i) for p, idx in batch for i in idx], samples):
+                        q, c, _ = owner[p]
+                        out[q][c].append(s)
                 batch = [group] if group is not None else []
-            self.stats.sequences += len(convs) * k
-        return join_prefix(out, forced)
+            self.stats.sequences += sum(len(r.convs) * r.k for r in live)
+        joined = iter([join_prefix(o, f) for o, f in zip(out, forced)])
+        return [next(joined) if r.convs else [] for r in requests]
 
     @torch.inference_mode()
     def score(self, convs: Sequence[Conversation], continuations: Sequence[str], *, end_turn: bool = True) -> list[Sample]:
@@ -426,12 +452,11 @@ class HFPolicy(Policy):
         groups: list[tuple[int, list[int]]],
         slots: int,
         max_new_tokens: int,
-        temperature: float,
-        top_p: float,
+        sampling: list[tuple[float, float]],
         seeds: list[int],
     ) -> list[Sample]:
-        """Sample one turn for each (conversation, sample index) of `groups`, all decoded together.
-        Returns the samples in group order."""
+        """Sample one turn for each (prompt, sample index) of `groups`, all decoded together, at
+        each prompt's (temperature, top_p) of `sampling`. Returns the samples in group order."""
         dev = self.device
         rows = [(c, i) for c, idx in groups for i in idx]
         group_of = [g for g, (_, idx) in enumerate(groups) for _ in idx]
@@ -466,7 +491,7 @@ class HFPolicy(Policy):
                 logits = self._logits(self._forward(tokens[:, None], pos[:, None], attend)[:, -1])
                 pos = pos + 1
             logp = torch.log_softmax(logits, dim=-1)
-            choice = _choose(logits, temperature, top_p, draws[torch.tensor(batch, device=dev), step])
+            choice = self._choose_rows(logits, batch, rows, sampling, draws[torch.tensor(batch, device=dev), step])
             picked = logp.gather(-1, choice[:, None])[:, 0]
             done = torch.isin(choice, eos)
             live = 0
@@ -513,6 +538,29 @@ class HFPolicy(Policy):
                     + [len(live_groups) * slots] * len(pad)
                 )
         return [finish_sample(self.tokenizer, g, lp, f or "length", self.stop_strings) for g, lp, f in zip(gen, lps, finish)]
+
+    @staticmethod
+    def _choose_rows(
+        logits: torch.Tensor,
+        batch: list[int],
+        rows: list[tuple[int, int]],
+        sampling: list[tuple[float, float]],
+        draws: torch.Tensor,
+    ) -> torch.Tensor:
+        """`_choose` for each batch position at its prompt's (temperature, top_p): one call per
+        distinct setting, each with the scalar settings a lone `sample` call would use (a row's
+        numbers do not depend on the other rows of a call)."""
+        setting = [sampling[rows[r][0]] if r < len(rows) else None for r in batch]
+        distinct = sorted({x for x in setting if x is not None})
+        if len(distinct) == 1:
+            return _choose(logits, *distinct[0], draws)
+        choice = torch.zeros(len(batch), dtype=torch.long, device=logits.device)
+        for temperature, top_p in distinct:
+            # Padding rows (None) ride with the first setting; their tokens are ignored.
+            at = [b for b, x in enumerate(setting) if x == (temperature, top_p) or (x is None and (temperature, top_p) == distinct[0])]
+            index = torch.tensor(at, device=logits.device)
+            choice[index] = _choose(logits.index_select(0, index), temperature, top_p, draws.index_select(0, index))
+        return choice
 
     def _hit_stop(self, ids: list[int]) -> bool:
         tail = self.tokenizer.decode(ids[-8:], skip_special_tokens=False)

@@ -5,7 +5,8 @@ Each call expands every selected leaf of every tree at once:
 1. the chosen edge of each parent is executed: one `ToolEnv.step_many` for all of them;
 2. children that end the episode (final answer, step limit, max depth, or the tree's token
    budget spent) get the composite verifier reward;
-3. every other child gets K candidate actions from ONE batched `policy.sample` call; duplicates
+3. every other child gets K candidate actions from ONE batched policy decode (with the greedy
+   candidate, its greedy row and K - 1 sampled rows in one `policy.sample_together`); duplicates
    (same `Action.key()`) are merged and their prior mass summed (`nodes.merge_samples`);
 4. optional: Agent Q's critic ranks each new node's candidates (one batched `policy.score`);
    the leaf values come from the configured estimator (zero, rollouts, critic, value model),
@@ -44,7 +45,7 @@ import mcts
 from dataengine.budget import TokenBudget
 from dataengine.config import PolicyConfig, SearchConfig
 from dataengine.env import ToolEnv
-from dataengine.policy.base import Conversation, Policy, Sample
+from dataengine.policy.base import Conversation, Policy, Sample, SampleRequest
 from dataengine.search.counters import ExpandCounters
 from dataengine.search.leaves import LeafValue, leaf_values, process_reward, search_return
 from dataengine.search.nodes import NodeTable, PriorKind, SearchNode, merge_samples, prior_logits
@@ -303,10 +304,15 @@ class LLMExpander:
         kw = dict(max_new_tokens=self.sampling.max_new_tokens, top_p=self.sampling.top_p, seed=self.seed)
         if not self.search.greedy_candidate:
             return self.policy.sample(convs, self.num_samples, temperature=self.sampling.temperature, **kw)
-        greedy = self.policy.sample(convs, 1, temperature=0.0, **kw)
         if self.num_samples == 1:
-            return greedy
-        sampled = self.policy.sample(convs, self.num_samples - 1, temperature=self.sampling.temperature, **kw)
+            return self.policy.sample(convs, 1, temperature=0.0, **kw)
+        # One decode for both: the greedy rows and the K - 1 sampled rows share its steps.
+        top_p, seed = self.sampling.top_p, self.seed
+        greedy, sampled = self.policy.sample_together(
+            [SampleRequest(convs, 1, temperature=0.0, top_p=top_p, seed=seed),
+             SampleRequest(convs, self.num_samples - 1, temperature=self.sampling.temperature, top_p=top_p, seed=seed)],
+            max_new_tokens=self.sampling.max_new_tokens,
+        )
         return [g + s for g, s in zip(greedy, sampled)]
 
     def _leaf_values(self, handles: list[int]) -> list[float]:

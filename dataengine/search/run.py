@@ -113,6 +113,7 @@ def search_batch(
         "seed": seed,
         "max_depth": s.max_depth,
         "leaves_per_iteration": s.leaves_per_iteration,
+        "min_leaves": s.min_leaves,
     }
     if q_normalisation == "reward_bounds":
         low, high = reward_bounds(reward, s.process_reward_cap, s.objective)

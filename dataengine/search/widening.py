@@ -19,7 +19,7 @@ import mcts
 from dataengine.budget import TokenBudget
 from dataengine.config import PolicyConfig, SearchConfig
 from dataengine.parsing import OPEN_TAG, parse_action
-from dataengine.policy.base import Conversation, Policy
+from dataengine.policy.base import Conversation, Policy, SampleRequest
 from dataengine.search.counters import ExpandCounters
 from dataengine.search.nodes import (
     NodeTable,
@@ -84,7 +84,7 @@ class Widening:
         tokens left, it holds fewer edges than k(N) = ceil(c * N^alpha) (at most K slots),
         and k(N) grew since its last round (a round that found only duplicates waits for a
         larger cap). The round samples cap - edges fresh candidates (at most num_actions) with
-        `widen_seed`; all rounds of one call share one policy call per sample count.
+        `widen_seed`; all rounds of one call are decoded together (one `policy.sample_together`).
         handles, visits, valid: `[B, W]`. Returns new logits `[B, W, K]` where widened.
         """
         b, w = handles.shape
@@ -109,18 +109,24 @@ class Widening:
         for pick in picks:
             count = min(self.num_samples, pick[4] - len(pick[2].edges))
             groups.setdefault((count, *self.prefix(pick[2])), []).append(pick)
-        for count, prefix, tool in sorted(groups):
+        order = sorted(groups)
+        requests = []
+        for count, prefix, tool in order:
             group = groups[count, prefix, tool]
             rounds = [len(node.widen_rounds) + 1 for _, _, node, _, _ in group]
-            samples = self.policy.sample(
+            requests.append(SampleRequest(
                 [Conversation(node.state.messages, node.state.task.tools) for _, _, node, _, _ in group],
                 count,
-                max_new_tokens=self.sampling.max_new_tokens,
                 temperature=self.sampling.temperature,
                 top_p=self.sampling.top_p,
                 seed=[widen_seed(self.seed, r) for r in rounds],
                 prefix=prefix,
-            )
+            ))
+        # Every round of the call in one decode: its steps are paid once for all their rows.
+        results = self.policy.sample_together(requests, max_new_tokens=self.sampling.max_new_tokens) if requests else []
+        for (count, prefix, tool), samples in zip(order, results):
+            group = groups[count, prefix, tool]
+            rounds = [len(node.widen_rounds) + 1 for _, _, node, _, _ in group]
             for (i, j, node, n, cap), r, row in zip(group, rounds, samples):
                 tokens = sum(s.generated_tokens for s in row)
                 self.budget.charge(node.tree, tokens)
