@@ -60,7 +60,7 @@ def builtin_rows():
 
 def test_calibration_on_builtin_suites(builtin_rows):
     examples, rows = builtin_rows
-    assert {e.source for e in examples} == {"arithmetic", "units", "shop", "chains", "notool"}
+    assert {e.source for e in examples} == {"arithmetic", "units", "shop", "chains", "notool", "fncall"}
     kinds = {e.kind for e in examples}
     assert {"gold", "wrong_answer", "no_call", "needless_call", "drop_write", "parse_error", "overlong", "loop"} <= kinds
     by_name = {r["verifier"]: r for r in rows}
