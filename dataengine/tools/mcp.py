@@ -239,30 +239,30 @@ class MCPClient:
         self._sem = asyncio.Semaphore(self.config.sessions)
         self._lock = asyncio.Lock()
         try:
-            session = await self._open()
-            listed = await _list_tools(session, self.timeout_s)
+            conn = await self._open()
+            listed = await _list_tools(conn, self.timeout_s)
         except _Failure as exc:
             raise MCPServerError(str(exc)) from None
         hidden = {self.config.snapshot_tool, self.config.restore_tool} - {None}
         missing = hidden - {t.name for t in listed}
         if missing:
-            await session.close()
+            await conn.close()
             raise MCPServerError(f"MCP server {self.config.name!r} lists no tool {sorted(missing)[0]!r} "
                                  f"(named by snapshot_tool/restore_tool)")
         specs = [ToolSpec(name=t.name, description=t.description or "", parameters=t.input_schema)
                  for t in listed if t.name not in hidden]
         initial: dict[str, Any] | None = None
         if self.mode == "direct":
-            self._shared = session
+            self._shared = conn
         elif self.mode == "snapshot":
-            self._shared = session
+            self._shared = conn
             try:
-                initial = {"snapshot": _snapshot(await session.call(self.config.snapshot_tool, {}, self.timeout_s))}
+                initial = {"snapshot": _snapshot(await conn.call(self.config.snapshot_tool, {}, self.timeout_s))}
             except _Failure as exc:
                 raise MCPServerError(f"MCP server {self.config.name!r}: the first snapshot failed: {exc}") from None
         else:
             initial = {"calls": []}
-            self._keep(stable_hash([]), session)
+            self._keep(stable_hash([]), conn)
         return specs, initial
 
     async def _open(self) -> _Session:
@@ -297,8 +297,8 @@ class MCPClient:
                         asyncio.ensure_future(self._shared.close())
                     self._shared = None
                     self._shared = await self._open()
-                session = self._shared
-            return await session.call(call.name, call.arguments, self.timeout_s)
+                conn = self._shared
+            return await conn.call(call.name, call.arguments, self.timeout_s)
 
     async def _snapshotted(self, call: ToolCall, state: Any) -> tuple[Any, Any]:
         cfg = self.config
@@ -310,12 +310,12 @@ class MCPClient:
                     asyncio.ensure_future(self._shared.close())
                 self._shared = None
                 self._shared = await self._open()
-            session = self._shared
-            restored = await session.call(cfg.restore_tool, {cfg.restore_argument: state["snapshot"]}, self.timeout_s)
+            conn = self._shared
+            restored = await conn.call(cfg.restore_tool, {cfg.restore_argument: state["snapshot"]}, self.timeout_s)
             if restored.is_error:
                 raise _Failure("exception", f"MCP server {cfg.name!r}: {cfg.restore_tool} refused the branch's snapshot: {_text(restored)}")
-            result = await session.call(call.name, call.arguments, self.timeout_s)
-            snapshot = await session.call(cfg.snapshot_tool, {}, self.timeout_s)
+            result = await conn.call(call.name, call.arguments, self.timeout_s)
+            snapshot = await conn.call(cfg.snapshot_tool, {}, self.timeout_s)
         if snapshot.is_error:
             raise _Failure("exception", f"MCP server {cfg.name!r}: {cfg.snapshot_tool} failed after the call: {_text(snapshot)}")
         return result, {"snapshot": _snapshot(snapshot)}
@@ -325,25 +325,25 @@ class MCPClient:
         if not isinstance(calls, list):
             raise _Failure("exception", f"MCP server {self.config.name!r}: the tool state holds no call log ({state!r:.80})")
         async with self._sem:  # type: ignore[union-attr]
-            session = self._take(stable_hash(calls))
-            if session is None:
-                session = await self._open()
+            conn = self._take(stable_hash(calls))
+            if conn is None:
+                conn = await self._open()
                 try:
                     for k, past in enumerate(calls):
                         self.stats["replayed_calls"] += 1
-                        await session.call(past["name"], past["arguments"], self.timeout_s)
+                        await conn.call(past["name"], past["arguments"], self.timeout_s)
                 except _Failure as exc:
-                    await session.close()
+                    await conn.close()
                     raise _Failure(exc.status, f"replaying this branch's {len(calls)} earlier calls on a fresh "
                                    f"session failed at call {k + 1}: {exc}") from None
             try:
-                result = await session.call(call.name, call.arguments, self.timeout_s)
+                result = await conn.call(call.name, call.arguments, self.timeout_s)
             except _Failure:
-                asyncio.ensure_future(session.close())
+                asyncio.ensure_future(conn.close())
                 raise
         # The server answered, so the call happened there: it joins the branch's log.
         new_calls = [*calls, {"name": call.name, "arguments": call.arguments}]
-        self._keep(stable_hash(new_calls), session)
+        self._keep(stable_hash(new_calls), conn)
         return result, {"calls": new_calls}
 
     def _problem(self, call: ToolCall) -> tuple[ToolStatus, str] | None:
@@ -368,21 +368,21 @@ class MCPClient:
     def _take(self, key: str) -> _Session | None:
         sessions = self._idle.get(key)
         while sessions:
-            session = sessions.pop()
+            conn = sessions.pop()
             self._idle_count -= 1
             if not sessions:
                 del self._idle[key]
-            if session.broken is None:
+            if conn.broken is None:
                 self.stats["reused"] += 1
-                return session
-            asyncio.ensure_future(session.close())
+                return conn
+            asyncio.ensure_future(conn.close())
         return None
 
-    def _keep(self, key: str, session: _Session) -> None:
-        if session.broken is not None or self.config.idle_sessions == 0:
-            asyncio.ensure_future(session.close())
+    def _keep(self, key: str, conn: _Session) -> None:
+        if conn.broken is not None or self.config.idle_sessions == 0:
+            asyncio.ensure_future(conn.close())
             return
-        self._idle.setdefault(key, []).append(session)
+        self._idle.setdefault(key, []).append(conn)
         self._idle.move_to_end(key)
         self._idle_count += 1
         while self._idle_count > self.config.idle_sessions:  # close the least recently kept
@@ -410,18 +410,18 @@ class MCPClient:
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
 
 
-async def _list_tools(session: _Session, timeout_s: float) -> list[Any]:
+async def _list_tools(conn: _Session, timeout_s: float) -> list[Any]:
     tools, cursor = [], None
     try:
         while True:
-            page = await asyncio.wait_for(session.client.list_tools(cursor=cursor), timeout_s)
+            page = await asyncio.wait_for(conn.client.list_tools(cursor=cursor), timeout_s)
             tools += page.tools
             cursor = page.next_cursor
             if not cursor:
                 return tools
     except Exception as exc:
-        await session.close()
-        raise _Failure("crash", f"MCP server {session.config.name!r} could not list its tools: {_describe(exc)}") from exc
+        await conn.close()
+        raise _Failure("crash", f"MCP server {conn.config.name!r} could not list its tools: {_describe(exc)}") from exc
 
 
 def _output(result: Any) -> Any:
