@@ -61,3 +61,11 @@ def test_table_goes_into_the_reports_markdown_and_html(tmp_path):
     page = report.html.read_text()
     assert page.index("<h1>Run report</h1>") < page.index("What the engine is for") < page.index("</body>")
     assert "<td>0.50 [0.30, 0.70]</td>" in page and "<th>MCTS / best-of-N</th>" in page
+
+
+def test_demo_episodes_end_at_the_search_depth_and_evaluate_in_one_batch(tmp_path):
+    from dataengine.commands.demo import DEMO_SIZES, demo_config
+
+    engine = demo_config(tmp_path, model="smollm2", suites=["units"], seed=0, rounds=1, sizes=DEMO_SIZES).engine
+    assert engine.env.max_steps == engine.search.max_depth == DEMO_SIZES["max_depth"]
+    assert engine.eval.batch_size == engine.eval.num_tasks == DEMO_SIZES["eval_tasks"]

@@ -25,10 +25,9 @@ from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOptio
 # successes best-of-N misses (docs/results.md: 1.69x solved per M tokens) and one SFT round on
 # them moves held-out greedy success (0.21 -> 0.91 after round 1 of the units experiment).
 DEMO_SUITES = ["units"]
-# Sized from the stages' measured rates on a quiet 2-core machine (docs/results.md: the units
-# search benchmark generated about 35 tokens/s over its runs, SFT took 8 s per step, a 100-task
-# units evaluation 2 min): the two searches (2 x 12 x 400 tokens, about 4.5 min), 12 SFT steps
-# (about 2 min) and two 32-task evaluations (about 1.5 min) come to about 9 minutes.
+# Sized to finish inside 10 minutes on 2 cores (docs/results.md, "make demo": 2026-12-03 the
+# two searches took about 2 min each, 10 SFT steps about 2.5 min, the evaluations 0.7 and 2.4 min:
+# the trained model calls the tool and then answers, so its episodes are twice as long).
 DEMO_SIZES: dict[str, Any] = {
     "num_tasks": 12,
     "eval_tasks": 32,
@@ -41,7 +40,7 @@ DEMO_SIZES: dict[str, Any] = {
     "max_new_tokens": 64,
     # docs/policy.md: SmolLM2's first reply is a tool call in 84% of samples at 0.7, 45% at 1.0.
     "temperature": 0.7,
-    "train_steps": 12,
+    "train_steps": 10,
 }
 QUICK_SIZES: dict[str, Any] = {
     "num_tasks": 4,
@@ -79,6 +78,9 @@ def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: 
             # One shard: every tree decodes in one batch.
             "shard_size": sizes["num_tasks"],
             "sandbox": {"workers": 2},
+            # An episode ends at the search's depth: a units episode needs two turns (call, answer),
+            # and a model that repeats a refused call would otherwise spend three more turns on it.
+            "env": {"max_steps": sizes["max_depth"]},
             "policy": {"model": model, "device": "cpu", "max_new_tokens": sizes["max_new_tokens"],
                        "temperature": sizes.get("temperature", 1.0)},
             "search": {"num_simulations": sizes["simulations"], "num_actions": sizes["num_actions"],
@@ -89,8 +91,9 @@ def demo_config(out: Path, *, model: str, suites: list[str], seed: int, rounds: 
             # success with a failure (docs/scripts/pair_audit.py compares the rules).
             "derive": {"margin": 0.1},
             "generate": {"method": "mcts"},
+            # Every held-out task in one batch: one decode loop instead of two halves.
             "eval": {"num_tasks": sizes["eval_tasks"], "seed": seed, "max_new_tokens": sizes["max_new_tokens"],
-                     "k": 0, "search": False},
+                     "k": 0, "search": False, "batch_size": sizes["eval_tasks"]},
             # Short SFT from the starting model on the search's successes (batch 2, one sequence
             # per micro-step keeps memory low on CPU).
             "train": {"sft": {"max_steps": sizes["train_steps"], "batch_size": 1, "gradient_accumulation_steps": 2,

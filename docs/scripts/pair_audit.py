@@ -5,8 +5,9 @@ rule, and audit each pair against the task's gold (docs/derive.md, "Pairs you ca
     .venv/bin/python docs/scripts/pair_audit.py --settings demo --suite arithmetic --suite units \\
         --suite shop --tasks 8 --store runs/pair-audit
 
-demo: `dataengine demo`'s search (6 simulations, K = 4, depth 3, 48 tokens, temperature 0.7,
-leaf value zero) and its derive margin 0.1 for the margin rule; experiment: the `engine`
+demo: `dataengine demo`'s search (`demo_config` with its sizes: K = 2 with the greedy candidate,
+depth 3, 64 new tokens at temperature 0.7, 400 generated tokens per task, leaf value zero,
+schema edits) and its derive margin 0.1 for the margin rule; experiment: the `engine`
 section of docs/configs/experiment-<suite>.yaml (round 1). A rerun with the same arguments
 reuses the stored trees (the run id names settings, suite, tasks and seed). Prints one
 markdown row per (suite, rule): rules `margin` (value gap >= theta), `evidence` (the default)
