@@ -25,9 +25,9 @@ from dataengine.commands.common import MCPOption, MCPStatelessOption, ToolsOptio
 # successes best-of-N misses (docs/results.md: 1.69x solved per M tokens) and one SFT round on
 # them moves held-out greedy success (0.21 -> 0.91 after round 1 of the units experiment).
 DEMO_SUITES = ["units"]
-# Sized to finish inside 10 minutes on 2 cores (docs/results.md, "make demo": 2026-12-03 the
-# two searches took about 2 min each, 10 SFT steps about 2.5 min, the evaluations 0.7 and 2.4 min:
-# the trained model calls the tool and then answers, so its episodes are twice as long).
+# Sized to finish inside 10 minutes on 2 cores (docs/results.md, "make demo": on 2026-12-03 the
+# two searches took about 2 min each, 10 SFT steps about 2 min, the evaluations 0.6 and 1.3 min:
+# the trained model calls the tool and then answers, so its episodes are longer).
 DEMO_SIZES: dict[str, Any] = {
     "num_tasks": 12,
     "eval_tasks": 32,
