@@ -10,6 +10,8 @@ re-implemented here so the check needs no optional package:
 - strings are compared after removing spaces and `,./-_*^`, lower-casing, and ' -> ";
 - lists in order (string items normalised); dicts one level deep, keys optional via "";
 - several calls are matched to the gold calls without regard to order (first match wins).
+BFCL's Java and JavaScript tasks (metadata "bfcl_language") first read the source strings
+their arguments are given as, with BFCL's converters (dataengine.external.bfcl.languages).
 One deliberate difference: items of a typed array are always type-checked (an int is allowed
 for a float item; an item of the gold items' own type is allowed, as BFCL allows variables);
 BFCL skips that check when "" is among the acceptable values.
@@ -246,6 +248,16 @@ class ArgumentsVerifier:
             return not_applicable(self.name, self.version, "task has no gold calls")
         calls = episode.calls
         schemas = {t.name: t.parameters for t in task.tools}
+        language = task.metadata.get("bfcl_language")
+        if language:
+            # BFCL's Java / JavaScript tasks: the arguments are source strings, read with BFCL's
+            # own converters (needs bfcl-eval, which those tasks come from)
+            from dataengine.external.bfcl.languages import typed_calls
+
+            calls, schemas, error = typed_calls(task, calls, language)
+            if error is not None:
+                kind = "java" if language == "java" else "js"
+                return verdict(self.name, self.version, False, 0.0, error=error, error_type=f"type_error:{kind}", matched=0)
         result, matched = check_calls(schemas, calls, gold)
         score = matched / max(len(gold), len(calls))
         return verdict(

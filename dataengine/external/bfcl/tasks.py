@@ -2,7 +2,8 @@
 
 Categories (file bfcl_eval/data/BFCL_v4_<category>.json, JSON Lines despite the name; gold
 under possible_answer/):
-- AST, single turn: simple_python (alias "simple"), multiple, parallel, parallel_multiple and
+- AST, single turn: simple_python (alias "simple"), simple_java, simple_javascript (arguments
+  as source strings, languages.py), multiple, parallel, parallel_multiple and
   live_simple, live_multiple, live_parallel, live_parallel_multiple. Gold: calls and, per
   parameter, the acceptable values ("" = may be omitted); checked by ArgumentsVerifier.
 - relevance: irrelevance, live_irrelevance (no call is right), live_relevance (any call is).
@@ -26,11 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from dataengine.external import package_dir
+from dataengine.external.bfcl.languages import LANGUAGES, render_arguments, shown_function
+from dataengine.external.bfcl.languages import unsatisfiable as language_unsatisfiable
 from dataengine.external.bfcl.runtime import INSTALL, initial_state, parse_call
 from dataengine.types import Gold, Message, Task, ToolCall, ToolSpec, UserTurn
 
 AST_CATEGORIES = (
     "simple_python",
+    "simple_java",
+    "simple_javascript",
     "multiple",
     "parallel",
     "parallel_multiple",
@@ -112,13 +117,17 @@ def to_json_schema(schema: Any) -> Any:
 LANGUAGE_HINT = " Note that the provided function is in Python 3 syntax."
 
 
-def tool_spec(function: dict[str, Any]) -> ToolSpec:
+def tool_spec(function: dict[str, Any], language: str | None = None) -> ToolSpec:
     """A BFCL function document as a ToolSpec (parameters converted to JSON Schema), its
-    description ending with BFCL's language hint, as BFCL's prompt shows it."""
+    description ending with BFCL's language hint, as BFCL's prompt shows it (`language`
+    "java" / "javascript": every parameter shown as a string, languages.shown_function)."""
+    if language is not None:
+        function = shown_function(function, language)
     params = to_json_schema(function.get("parameters") or {"type": "object", "properties": {}})
     params.setdefault("properties", {})
     params.setdefault("required", [])
-    return ToolSpec(name=function["name"], description=function.get("description", "") + LANGUAGE_HINT, parameters=params)
+    description = function.get("description", "") + ("" if language is not None else LANGUAGE_HINT)
+    return ToolSpec(name=function["name"], description=description, parameters=params)
 
 
 def _messages(turn: list[dict[str, Any]]) -> list[Message]:
@@ -156,12 +165,17 @@ def _collapse(option: dict[str, list[Any]], schema: dict[str, Any] | None = None
     return out
 
 
-def _ast_gold(ground_truth: list[dict[str, Any]], functions: list[dict[str, Any]]) -> Gold:
+def _ast_gold(ground_truth: list[dict[str, Any]], functions: list[dict[str, Any]], language: str | None = None) -> Gold:
+    """Gold calls (the first acceptable values; in a Java / JavaScript category rendered as the
+    source strings the model answers with) and, per call, every acceptable value."""
     schemas = {f["name"]: f.get("parameters") or {} for f in functions}
     calls, acceptable = [], []
     for item in ground_truth:
         ((name, params),) = item.items()
-        calls.append(ToolCall(name=name, arguments=_collapse(params, schemas.get(name))))
+        arguments = _collapse(params, schemas.get(name))
+        if language is not None:
+            arguments = render_arguments(arguments, schemas.get(name) or {}, language)
+        calls.append(ToolCall(name=name, arguments=arguments))
         acceptable.append(params)
     return Gold(calls=calls, acceptable=acceptable, needs_tool=True)
 
@@ -201,21 +215,28 @@ def unsatisfiable(ground_truth: list[dict[str, Any]], functions: list[dict[str, 
 
 def _single_turn_task(category: str, entry: dict[str, Any]) -> Task:
     metadata: dict[str, Any] = {"bfcl_id": entry["id"], "bfcl_category": category, "reference_steps": 2, "eval_only": True}
+    language = LANGUAGES.get(category)
+    if language is not None:
+        # the checker converts the model's strings against the original types (languages.py)
+        metadata["bfcl_language"] = language
+        metadata["bfcl_parameters"] = {f["name"]: f.get("parameters") or {} for f in entry["function"]}
     if category in RELEVANCE_CATEGORIES:
         gold = Gold(needs_tool=RELEVANCE_CATEGORIES[category])
     else:
         answers = _answers(category)
         if entry["id"] not in answers:
             raise ValueError(f"BFCL {category}: no possible answer for {entry['id']!r} in possible_answer/")
-        gold = _ast_gold(answers[entry["id"]], entry["function"])
+        gold = _ast_gold(answers[entry["id"]], entry["function"], language)
         reason = unsatisfiable(answers[entry["id"]], entry["function"])
+        if reason is None and language is not None:
+            reason = language_unsatisfiable(answers[entry["id"]], entry["function"], language)
         if reason is not None:
             metadata["bfcl_gold_unsatisfiable"] = reason
     return Task(
         id=f"bfcl/{entry['id']}",
         suite=f"bfcl:{category}",
         messages=_messages(entry["question"][0]),
-        tools=[tool_spec(f) for f in entry["function"]],
+        tools=[tool_spec(f, language) for f in entry["function"]],
         toolbox=f"bfcl:{category}",
         gold=gold,
         split="heldout",
