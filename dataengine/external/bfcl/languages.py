@@ -18,7 +18,10 @@ import json
 from typing import Any
 
 LANGUAGES = {"simple_java": "java", "simple_javascript": "javascript"}
+# What BFCL appends to every function's description before the model sees it
+# (bfcl_eval.utils._get_language_specific_hint).
 HINTS = {
+    "python": " Note that the provided function is in Python 3 syntax.",
     "java": " Note that the provided function is in Java 8 SDK syntax.",
     "javascript": " Note that the provided function is in JavaScript syntax.",
 }
@@ -38,9 +41,12 @@ _JSON_TYPES = {
 
 
 def shown_function(function: dict[str, Any], language: str) -> dict[str, Any]:
-    """The BFCL function document as the model sees it in a `language` category."""
+    """The BFCL function document as the model sees it in a `language` category ("python": the
+    hint alone)."""
     out = copy.deepcopy(function)
     out["description"] = out.get("description", "") + HINTS[language]
+    if language == "python":
+        return out
     name = _NAMES[language]
     for prop in (out.get("parameters") or {}).get("properties", {}).values():
         kind = prop["type"]
@@ -103,9 +109,9 @@ def convert_arguments(arguments: dict[str, Any], parameters: dict[str, Any], lan
 def _render(value: Any, kind: str, nested: str | None, language: str) -> str:
     """`value` as the source string BFCL's converter reads back as `value` (best effort: the
     tests check every gold call against BFCL's own checker)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if language == "java":
-        if isinstance(value, bool):
-            return "true" if value else "false"
         if kind == "long":
             return f"{value}L"
         if kind == "float":
@@ -123,35 +129,29 @@ def _render(value: Any, kind: str, nested: str | None, language: str) -> str:
             items = ", ".join(_render(x, item, None, language) for x in value)
             return f"new {item}[]{{{items}}}"
         if kind == "HashMap" and isinstance(value, dict):
-            puts = " ".join(f'put("{k}", {_java_value(v)});' for k, v in value.items())
+            puts = " ".join(f'put("{k}", {_literal(v)});' for k, v in value.items())
             return f"new HashMap<String, String>() {{{{ {puts} }}}}"
         return str(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
     if kind == "Bigint":
         return f"{value}n"
     if kind == "array" and isinstance(value, list):
-        return "[" + ", ".join(_js_value(x) for x in value) + "]"
+        return _literal(value)
     if kind == "dict" and isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_js_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {_literal(v)}" for k, v in value.items()) + "}"
     if kind == "String" and isinstance(value, str):
         return f'"{value}"'
     return str(value)
 
 
-def _java_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f'"{value}"' if isinstance(value, str) else str(value)
-
-
-def _js_value(value: Any) -> str:
+def _literal(value: Any) -> str:
+    """A value as a Java / JavaScript literal the converters' untyped parsers read back
+    (parse_java_value, parse_js_value): strings quoted, booleans lower case, lists bracketed."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value}"'
     if isinstance(value, list):
-        return "[" + ", ".join(_js_value(x) for x in value) + "]"
+        return "[" + ", ".join(_literal(x) for x in value) + "]"
     return str(value)
 
 

@@ -112,22 +112,15 @@ def to_json_schema(schema: Any) -> Any:
     return out
 
 
-# What BFCL appends to every Python function's description before the model sees it
-# (bfcl_eval.utils._get_language_specific_hint).
-LANGUAGE_HINT = " Note that the provided function is in Python 3 syntax."
-
-
 def tool_spec(function: dict[str, Any], language: str | None = None) -> ToolSpec:
     """A BFCL function document as a ToolSpec (parameters converted to JSON Schema), its
     description ending with BFCL's language hint, as BFCL's prompt shows it (`language`
     "java" / "javascript": every parameter shown as a string, languages.shown_function)."""
-    if language is not None:
-        function = shown_function(function, language)
+    function = shown_function(function, language or "python")
     params = to_json_schema(function.get("parameters") or {"type": "object", "properties": {}})
     params.setdefault("properties", {})
     params.setdefault("required", [])
-    description = function.get("description", "") + ("" if language is not None else LANGUAGE_HINT)
-    return ToolSpec(name=function["name"], description=description, parameters=params)
+    return ToolSpec(name=function["name"], description=function.get("description", ""), parameters=params)
 
 
 def _messages(turn: list[dict[str, Any]]) -> list[Message]:
