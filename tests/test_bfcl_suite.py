@@ -164,6 +164,75 @@ def test_cli_eval_bfcl_accuracy_is_reproduced_by_bfcls_checker(tmp_path):
     assert "eval bfcl:simple_python greedy: 2/3 episodes" in result.output  # bounded batches, with progress
 
 
+def _bfcl_multi_turn_valid(category: str, line: dict) -> bool:
+    """BFCL's own multi-turn verdict (multi_turn_checker, via the parity module's renderer) on
+    a prediction line. BFCL evals the calls as Python strings, so a line whose call names are not
+    plain identifiers is never handed to it (BFCL's executor would fail such a call too)."""
+    from dataengine.external import bfcl
+    from dataengine.external.bfcl.parity import bfcl_valid
+    from dataengine.types import ToolCall
+
+    turns = [[ToolCall(name=next(iter(c)), arguments=next(iter(c.values()))) for c in turn] for turn in line["turns"]]
+    if not all(c.name.isidentifier() for turn in turns for c in turn):
+        return False
+    entry = next(e for e in bfcl._entries(category) if e["id"] == line["id"])
+    return bfcl_valid(entry, bfcl._answers(category)[line["id"]], turns, category)
+
+
+@needs_bfcl
+@pytest.mark.parametrize("category", ["multi_turn_base", "multi_turn_miss_param"])
+def test_engine_played_multi_turn_predictions_get_bfcls_own_verdicts(category):
+    """Multi-turn episodes played through the sandboxed ToolEnv (the gold texts, and the same
+    texts with a call dropped, moved a turn later or made twice): the prediction line the engine writes for
+    each, judged by BFCL's own multi-turn checker, gets the verdict the engine counts."""
+    from dataengine.env import ToolEnv
+    from dataengine.evaluation.benchmarks import bfcl_score
+    from dataengine.external import bfcl
+    from dataengine.gold_demo import run_turns
+    from dataengine.suites.gold import DEFAULT_REPLY, gold_turns
+    from dataengine.tools.sandbox import Sandbox
+
+    def later(texts: list[str]) -> list[str]:
+        out = list(texts)
+        d = next(i for i, t in enumerate(out) if t == DEFAULT_REPLY and i and out[i - 1] != DEFAULT_REPLY)
+        out[d - 1], out[d] = out[d], out[d - 1]  # the turn's last call opens the next turn instead
+        return out
+
+    tasks = bfcl.load_tasks(category, limit=5)
+    plays, texts = [], []
+    for task in tasks:
+        gold = gold_turns(task)
+        calls = [i for i, t in enumerate(gold) if t != DEFAULT_REPLY and i < len(gold) - 1]
+        for variant in (gold, [t for i, t in enumerate(gold) if i != calls[0]],
+                        [t for i, t in enumerate(gold) if i != calls[-1]], later(gold),
+                        gold[:calls[-1] + 1] + gold[calls[-1]:]):  # the last call made twice
+            plays.append(task)
+            texts.append(variant)
+    with Sandbox(workers=1, timeout_s=60, cpu_s=60) as sandbox:
+        episodes = [s.episode() for s in run_turns(ToolEnv(sandbox, max_steps=200), plays, texts)]
+    score = bfcl_score(category, episodes)
+    assert all(set(line) == {"id", "turns"} for line in score["predictions"])
+    verdicts = [v["valid"] for v in score["verdicts"]]
+    assert verdicts == [_bfcl_multi_turn_valid(category, line) for line in score["predictions"]]
+    assert verdicts[::5] == [True] * len(tasks) and not all(verdicts)
+    assert any(verdicts[4::5])  # a repeat that leaves the state and the gold results as they were passes both checkers
+
+
+@needs_bfcl
+def test_cli_eval_multi_turn_predictions_are_scored_as_bfcl_scores_them(tmp_path):
+    """`dataengine eval --suite bfcl:multi_turn_base --predictions P` writes one "turns" line per
+    task, and the accuracy it prints is BFCL's multi-turn checker's on P."""
+    preds = tmp_path / "p.jsonl"
+    result = _cli("eval", "--model", "tiny", "--suite", "bfcl:multi_turn_base", "--tasks", "2", "--max-new-tokens", "16",
+                  "--max-steps", "6", "--store", str(tmp_path / "store"), "--predictions", str(preds))
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["multi_turn_base_0", "multi_turn_base_1"]
+    assert all(set(line) == {"id", "turns"} for line in lines)
+    valid, n = map(int, re.search(r"BFCL multi_turn_base: accuracy [\d.]+ \((\d+)/(\d+) valid\)", result.output).groups())
+    assert n == 2 and valid == sum(_bfcl_multi_turn_valid("multi_turn_base", line) for line in lines)
+
+
 def test_cli_eval_predictions_need_a_bfcl_suite(tmp_path):
     result = _cli("eval", "--model", "tiny", "--suite", "arithmetic", "--tasks", "1", "--store", str(tmp_path / "s"),
                   "--predictions", str(tmp_path / "p.jsonl"))
